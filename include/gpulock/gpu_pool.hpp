@@ -1,0 +1,75 @@
+// GpuPool: the GPUs of this machine and the leases on them. The entry point of the library.
+//
+//   auto pool = gpulock::GpuPool::open();          // devices and lock directory from the env
+//   gpulock::LeaseRequest request;
+//   request.count = 2;
+//   gpulock::Lease lease = pool.acquire(request);  // waits until two GPUs are free
+//   setenv("CUDA_VISIBLE_DEVICES", lease.cuda_visible_devices().c_str(), 1);
+//
+// Thread-safe: one pool may serve several threads.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpulock/device_source.hpp"
+#include "gpulock/lease.hpp"
+#include "gpulock/request.hpp"
+#include "gpulock/status.hpp"
+
+namespace gpulock {
+
+struct PoolOptions {
+  // Where the lock files live; default_lock_directory() when unset (GPULOCK_DIR, then
+  // /run/lock/gpulock, then /var/tmp/gpulock).
+  std::optional<std::filesystem::path> lock_dir;
+  // While a wait depends on GPU health (free memory, utilisation, power, foreign processes),
+  // which no event announces, readings are refreshed this often. Releases of leases wake
+  // waiters at once and do not depend on it.
+  std::chrono::milliseconds health_recheck_interval{2000};
+  // A safety re-check while waiting on leases only, in case an event was missed.
+  std::chrono::milliseconds safety_recheck_interval{10000};
+};
+
+class GpuPool {
+ public:
+  // Devices from open_device_source() and options from the environment.
+  static GpuPool open(PoolOptions options = {});
+  GpuPool(std::unique_ptr<DeviceSource> devices, PoolOptions options = {});
+  GpuPool(GpuPool&&) noexcept;
+  GpuPool& operator=(GpuPool&&) noexcept;
+  ~GpuPool();
+
+  // Leases GPUs as the request asks, waiting as it allows. Throws Error: kInvalidArgument for a
+  // malformed request, kUnsatisfiable if it can never be served (more GPUs than exist, an unknown
+  // GPU), kTimedOut if not served in time (or at once with wait = false), kInterrupted if
+  // hooks.interrupted() asked to stop.
+  Lease acquire(const LeaseRequest& request, const WaitHooks& hooks = {});
+
+  // Every device with its state, holder and processes. Takes no lock.
+  PoolStatus status();
+
+  // A fresh device inventory.
+  std::vector<Device> devices();
+
+  // Ends a detached lease (`gpulock acquire --for-pid`) by stopping its holder. Only the user
+  // who took it, or root, may. Throws kNotFound, kPermissionDenied, or kInvalidArgument for a
+  // lease that is held by a running process or command (stop that instead).
+  void release(const std::string& lease_id);
+
+  DeviceSource& device_source();
+  const std::filesystem::path& lock_dir() const;
+  // Notes about a doubtful set-up (e.g. the lock directory's mode), for the CLI to print.
+  std::vector<std::string> warnings() const;
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpulock

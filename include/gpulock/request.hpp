@@ -1,0 +1,63 @@
+// LeaseRequest: what a caller asks for (which GPUs, how healthy) and how long it will wait.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gpulock {
+
+struct LeaseRequest {
+  // Either a count of any suitable GPUs, or explicit GPUs by index ("0", "0:1" for a MIG
+  // instance) or UUID (a unique prefix is enough). With explicit GPUs, count is ignored.
+  unsigned count = 1;
+  std::vector<std::string> gpus;
+
+  // Health filters: a GPU qualifies only if its readings are within these bounds. A reading
+  // the device cannot provide fails the filter (no guessing).
+  std::optional<std::uint64_t> min_free_memory_bytes;
+  std::optional<unsigned> max_utilization_percent;
+  std::optional<double> max_power_watts;
+  // GPUs running compute processes that hold no gpulock lease count as busy unless this is set.
+  bool allow_foreign_processes = false;
+
+  // Candidates are limited to this CUDA_VISIBLE_DEVICES value when set (normally the caller's
+  // own environment; see visible_devices.hpp). Entries are indices or UUIDs (prefixes allowed).
+  std::optional<std::string> cuda_visible_devices;
+
+  // Waiting: wait == false fails at once (ErrorCode::kTimedOut) if the GPUs are not free now;
+  // otherwise wait up to timeout (forever when unset).
+  bool wait = true;
+  std::optional<std::chrono::milliseconds> timeout;
+
+  // Shown by `gpulock status`.
+  std::string label;
+  std::string command;  // what the lease is for, e.g. the command line of `gpulock run`
+};
+
+// Why a waiting request is not served yet: one entry per candidate GPU that is not usable.
+struct BlockingGpu {
+  std::string display_index;
+  std::string uuid;
+  std::string
+      reason;  // "leased by alice (lease 3f…, 2h 05m, label 'sweep')", "foreign process 4711"
+};
+
+struct WaitProgress {
+  std::chrono::steady_clock::duration waited{};
+  std::vector<BlockingGpu> blocking;
+};
+
+struct WaitHooks {
+  // Called when the wait starts and whenever what blocks the request changes.
+  std::function<void(const WaitProgress&)> on_progress;
+  // Polled at least every `interrupt_poll` while waiting; returning true stops the wait with
+  // ErrorCode::kInterrupted (used by the Python binding for Ctrl-C).
+  std::function<bool()> interrupted;
+  std::chrono::milliseconds interrupt_poll{100};
+};
+
+}  // namespace gpulock

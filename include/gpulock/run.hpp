@@ -1,0 +1,33 @@
+// Running programs under a lease: `gpulock run` and `gpulock acquire --for-pid` as library calls.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "gpulock/lease.hpp"
+
+namespace gpulock {
+
+// The environment a leased command gets, as NAME=VALUE pairs: CUDA_VISIBLE_DEVICES,
+// CUDA_DEVICE_ORDER=PCI_BUS_ID, GPULOCK_LEASE_ID and GPULOCK_GPUS.
+std::vector<std::pair<std::string, std::string>> lease_environment(const Lease& lease,
+                                                                   VisibleFormat format);
+
+// Runs argv (looked up in PATH) with the lease environment, handing it the lease's lock
+// descriptors so the GPUs stay leased while any process of its tree holds them, even if this
+// process dies. Signals sent to this process (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1,
+// SIGUSR2) are forwarded, except those a terminal already sent to the whole process group.
+// Returns the command's exit status, or 128+N if a signal N killed it; 127 if it was not found,
+// 126 if it could not be executed (with a message on stderr).
+// REQUIRES: a single-threaded caller (it forks and manages the signal mask).
+int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleFormat format);
+
+// Hands the lease to a detached holder process (its own session, no terminal) that keeps it
+// until `watched_pid` exits or `gpulock release` stops it, and returns the holder's pid once it
+// holds the lease. Throws Error(kInvalidArgument) if watched_pid is not a running process.
+// REQUIRES: a single-threaded caller.
+pid_t detach_lease(Lease& lease, pid_t watched_pid);
+
+}  // namespace gpulock

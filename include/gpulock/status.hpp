@@ -1,0 +1,65 @@
+// PoolStatus: a snapshot of every GPU of the machine, who holds it and what runs on it.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpulock/device.hpp"
+
+namespace gpulock {
+
+enum class GpuState {
+  kFree,      // nobody holds it and no foreign process runs on it
+  kLeased,    // a gpulock lease holds it
+  kBusy,      // not leased, but compute processes of someone not using gpulock run on it
+  kExcluded,  // not available to gpulock (MIG-enabled parent, compute mode prohibited, bad lock
+              // file)
+};
+const char* gpu_state_name(GpuState state) noexcept;  // "free", "leased", "busy", "excluded"
+
+struct HolderInfo {
+  std::string lease_id;
+  unsigned uid = 0;
+  std::string user;
+  std::string host;
+  std::string kind;  // "process", "run", "detached"
+  int pid = 0;       // the holding process
+  bool holder_alive = false;
+  std::vector<int> member_pids;  // command / --for-pid processes the lease covers
+  std::string command;
+  std::string label;
+  std::chrono::system_clock::time_point started_at;
+  std::vector<std::string> gpus;  // UUIDs of the whole lease
+};
+
+struct ProcessOnGpu {
+  unsigned pid = 0;
+  std::optional<std::uint64_t> used_memory_bytes;
+  std::string user;     // "" when the process cannot be seen (another container)
+  bool foreign = true;  // not covered by the lease holding this GPU
+};
+
+struct GpuStatus {
+  Device device;
+  GpuState state = GpuState::kFree;
+  // For a leased GPU: who holds it. Unset while the details are unreadable (just being written,
+  // or damaged): the lease itself is still real.
+  std::optional<HolderInfo> holder;
+  std::vector<ProcessOnGpu> processes;
+  std::string note;  // why excluded, or a warning about the GPU
+};
+
+struct PoolStatus {
+  int schema_version = 1;
+  std::string host;
+  std::string device_source;  // DeviceSource::description()
+  bool simulated = false;
+  std::string lock_dir;
+  std::chrono::system_clock::time_point taken_at;
+  std::vector<GpuStatus> gpus;
+  std::vector<std::string> warnings;
+};
+
+}  // namespace gpulock

@@ -1,0 +1,50 @@
+// The gpulock command line: one function per subcommand, over the public library only.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "gpulock/gpulock.hpp"
+
+namespace gpulock::cli {
+
+// Options shared by the commands that lease GPUs (selection and waiting).
+struct RequestOptions {
+  unsigned count = 1;
+  std::string gpus;
+  std::string min_free_mem;
+  std::string max_util;
+  std::string max_power;
+  bool allow_foreign = false;
+  std::string timeout;
+  bool no_wait = false;
+  std::string label;
+  std::string visible = "index";
+  bool verbose = false;
+
+  void add_to(CLI::App& command);
+  // Builds the library request, reading CUDA_VISIBLE_DEVICES from the environment.
+  LeaseRequest to_request() const;
+  VisibleFormat visible_format() const;
+};
+
+// Each registers its subcommand; the callback stores the exit status in *exit_status.
+void add_run_command(CLI::App& app, int* exit_status);
+void add_acquire_command(CLI::App& app, int* exit_status);
+void add_release_command(CLI::App& app, int* exit_status);
+void add_status_command(CLI::App& app, int* exit_status);
+void add_gpus_command(CLI::App& app, int* exit_status);
+
+// Shows a waiting request's progress on stderr: a live line on a terminal, else a log line
+// whenever what it waits for changes. Returns hooks for GpuPool::acquire.
+WaitHooks make_wait_display(const std::string& what);
+
+// Leases GPUs as the options ask, with the wait display and the simulated-GPU note.
+Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::string& command);
+
+// "gpulock: " + message on stderr.
+void print_error(const std::string& message);
+
+}  // namespace gpulock::cli

@@ -1,0 +1,41 @@
+// `gpulock acquire [selection] [waiting] --for-pid PID`: lease for a shell session.
+//
+//   eval "$(gpulock acquire -n 1 --for-pid $$)"
+//
+// prints `export` lines for eval; a detached holder keeps the lease until PID exits or
+// `gpulock release LEASE_ID`.
+#include <fmt/format.h>
+
+#include "cli.h"
+
+namespace gpulock::cli {
+namespace {
+
+std::string quoted(const std::string& value) {
+  std::string out = "'";
+  for (char c : value) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+}  // namespace
+
+void add_acquire_command(CLI::App& app, int* exit_status) {
+  auto* command = app.add_subcommand(
+      "acquire", "Lease GPUs for a shell: prints export lines for eval, holds until PID exits");
+  auto options = std::make_shared<RequestOptions>();
+  auto for_pid = std::make_shared<int>(0);
+  options->add_to(*command);
+  command->add_option("--for-pid", *for_pid, "Keep the lease until this process exits (e.g. $$)")
+      ->required();
+  command->footer("Example: eval \"$(gpulock acquire -n 2 --for-pid $$)\"");
+  command->callback([options, for_pid, exit_status] {
+    GpuPool pool = GpuPool::open();
+    Lease lease = acquire_for_cli(pool, *options, fmt::format("acquire --for-pid {}", *for_pid));
+    detach_lease(lease, *for_pid);
+    for (const auto& [name, value] : lease_environment(lease, options->visible_format()))
+      fmt::print("export {}={}\n", name, quoted(value));
+    *exit_status = 0;
+  });
+}
+
+}  // namespace gpulock::cli

@@ -1,0 +1,88 @@
+// Selection and waiting options shared by `run` and `acquire`.
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "cli.h"
+
+namespace gpulock::cli {
+
+void RequestOptions::add_to(CLI::App& command) {
+  auto* count_option =
+      command.add_option("-n,--count", count, "Number of GPUs to lease (any suitable ones)")
+          ->capture_default_str();
+  auto* gpus_option =
+      command.add_option("--gpus", gpus, "Lease exactly these GPUs: indices or UUIDs, e.g. 0,2");
+  count_option->excludes(gpus_option);
+  command.add_option("--min-free-mem", min_free_mem,
+                     "Only GPUs with this much free memory, e.g. 20G");
+  command.add_option("--max-util", max_util, "Only GPUs at most this busy, in percent");
+  command.add_option("--max-power", max_power, "Only GPUs drawing at most this power, in watts");
+  command.add_flag("--allow-foreign", allow_foreign,
+                   "Accept GPUs with compute processes of people not using gpulock");
+  auto* timeout_option =
+      command.add_option("--timeout", timeout, "Wait at most this long, e.g. 90s, 5m, 2h");
+  auto* no_wait_option =
+      command.add_flag("--no-wait", no_wait, "Fail at once if the GPUs are not free");
+  timeout_option->excludes(no_wait_option);
+  command.add_option("--label", label, "A note shown by `gpulock status`");
+  command.add_option("--visible", visible, "How CUDA_VISIBLE_DEVICES names GPUs: index or uuid")
+      ->check(CLI::IsMember({"index", "uuid"}))
+      ->capture_default_str();
+  command.add_flag("-v,--verbose", verbose, "Say which GPUs were leased");
+}
+
+LeaseRequest RequestOptions::to_request() const {
+  LeaseRequest request;
+  request.count = count;
+  if (!gpus.empty()) request.gpus = parse_gpu_list(gpus);
+  if (!min_free_mem.empty()) request.min_free_memory_bytes = parse_size(min_free_mem);
+  if (!max_util.empty()) request.max_utilization_percent = parse_percent(max_util);
+  if (!max_power.empty()) request.max_power_watts = parse_watts(max_power);
+  request.allow_foreign_processes = allow_foreign;
+  if (!timeout.empty()) request.timeout = parse_duration(timeout);
+  request.wait = !no_wait;
+  request.label = label;
+  if (const char* visible_now = std::getenv("CUDA_VISIBLE_DEVICES"); visible_now != nullptr)
+    request.cuda_visible_devices = visible_now;
+  return request;
+}
+
+VisibleFormat RequestOptions::visible_format() const {
+  return visible == "uuid" ? VisibleFormat::kUuid : VisibleFormat::kIndex;
+}
+
+Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::string& command) {
+  LeaseRequest request = options.to_request();
+  request.command = command;
+  for (const auto& warning : pool.warnings()) print_error("warning: " + warning);
+  const std::size_t wanted = request.gpus.empty() ? request.count : request.gpus.size();
+  const bool terminal = ::isatty(STDERR_FILENO) != 0;
+  Lease lease;
+  try {
+    lease = pool.acquire(
+        request, make_wait_display(fmt::format("{} GPU{}", wanted, wanted == 1 ? "" : "s")));
+  } catch (...) {
+    if (terminal) fmt::print(stderr, "\r\033[K");  // clear the live waiting line
+    throw;
+  }
+  if (terminal) fmt::print(stderr, "\r\033[K");
+  if (options.verbose || terminal) {
+    std::string which;
+    for (const auto& gpu : lease.gpus()) which += (which.empty() ? "" : ", ") + gpu.display_index;
+    print_error(fmt::format("leased GPU{} {} as lease {}{}", lease.gpus().size() == 1 ? "" : "s",
+                            which, lease.id(),
+                            pool.device_source().simulated()
+                                ? " (simulated GPUs: " + pool.device_source().description() + ")"
+                                : ""));
+  }
+  return lease;
+}
+
+void print_error(const std::string& message) {
+  fmt::print(stderr, "gpulock: {}\n", message);
+}
+
+}  // namespace gpulock::cli

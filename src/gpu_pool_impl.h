@@ -1,0 +1,44 @@
+// GpuPool::Impl: the shared state behind a GpuPool, used by its acquire, status and release parts.
+#pragma once
+
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpulock/gpu_pool.hpp"
+#include "local/holder_record.h"
+#include "local/lock_directory.h"
+#include "util/fd.h"
+
+namespace gpulock {
+
+// What reading a GPU's lock file (read-only, taking nothing) tells.
+struct LockProbe {
+  bool locked = false;
+  std::optional<HolderRecord> record;  // only when locked and the record is readable and valid
+  std::string error;                   // the lock file is unusable (planted symlink, ...)
+};
+
+class GpuPool::Impl {
+ public:
+  Impl(std::unique_ptr<DeviceSource> source, PoolOptions options);
+
+  Lease acquire(const LeaseRequest& request, const WaitHooks& hooks);
+  PoolStatus status();
+  void release(const std::string& lease_id);
+
+  LockProbe probe(const std::string& uuid, bool with_record) const;
+
+  std::unique_ptr<DeviceSource> source;
+  PoolOptions options;
+  LockDirectory dir;
+
+ private:
+  // Serialises acquisitions: threads of this process via the mutex, all processes of the
+  // machine via an OFD lock on the directory's acquire mutex file.
+  std::mutex acquire_mutex_;
+  UniqueFd acquire_mutex_fd_;
+};
+
+}  // namespace gpulock

@@ -1,0 +1,105 @@
+// JSON rendering of status and device inventory (schema in docs/json.md).
+#include "gpulock/json_output.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace gpulock {
+namespace {
+
+using nlohmann::json;
+
+template <typename T>
+json optional_value(const std::optional<T>& value) {
+  return value ? json(*value) : json(nullptr);
+}
+
+double unix_seconds(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
+json device_json(const Device& d) {
+  json processes = json::array();
+  for (const auto& p : d.processes)
+    processes.push_back(
+        {{"pid", p.pid}, {"used_memory_bytes", optional_value(p.used_memory_bytes)}});
+  return {{"index", d.index},
+          {"mig_index", optional_value(d.mig_index)},
+          {"display_index", d.display_index()},
+          {"uuid", d.uuid},
+          {"parent_uuid", d.parent_uuid.empty() ? json(nullptr) : json(d.parent_uuid)},
+          {"name", d.name},
+          {"pci_bus_id", d.pci_bus_id},
+          {"memory_total_bytes", optional_value(d.memory_total_bytes)},
+          {"memory_used_bytes", optional_value(d.memory_used_bytes)},
+          {"memory_free_bytes", optional_value(d.memory_free_bytes)},
+          {"utilization_percent", optional_value(d.utilization_percent)},
+          {"power_draw_watts", optional_value(d.power_draw_watts)},
+          {"power_limit_watts", optional_value(d.power_limit_watts)},
+          {"compute_mode", compute_mode_name(d.compute_mode)},
+          {"mig_enabled", optional_value(d.mig_enabled)},
+          {"processes", processes}};
+}
+
+std::string dump(const json& j) {
+  return j.dump(2, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace
+
+std::string status_to_json(const PoolStatus& status) {
+  json gpus = json::array();
+  const double now = unix_seconds(status.taken_at);
+  for (const auto& g : status.gpus) {
+    json entry = device_json(g.device);
+    entry["state"] = gpu_state_name(g.state);
+    entry["note"] = g.note.empty() ? json(nullptr) : json(g.note);
+    json processes = json::array();
+    for (const auto& p : g.processes) {
+      processes.push_back({{"pid", p.pid},
+                           {"used_memory_bytes", optional_value(p.used_memory_bytes)},
+                           {"user", p.user.empty() ? json(nullptr) : json(p.user)},
+                           {"foreign", p.foreign}});
+    }
+    entry["processes"] = processes;
+    entry["lease_id"] = nullptr;
+    entry["holder"] = nullptr;
+    if (g.holder) {
+      const HolderInfo& h = *g.holder;
+      entry["lease_id"] = h.lease_id;
+      entry["holder"] = {{"lease_id", h.lease_id},
+                         {"user", h.user},
+                         {"uid", h.uid},
+                         {"host", h.host},
+                         {"kind", h.kind},
+                         {"pid", h.pid},
+                         {"pid_alive", h.holder_alive},
+                         {"member_pids", h.member_pids},
+                         {"command", h.command},
+                         {"label", h.label},
+                         {"started_at", unix_seconds(h.started_at)},
+                         {"held_seconds", std::max(0.0, now - unix_seconds(h.started_at))},
+                         {"gpus", h.gpus}};
+    }
+    gpus.push_back(std::move(entry));
+  }
+  return dump({{"schema_version", kJsonSchemaVersion},
+               {"host", status.host},
+               {"device_source", status.device_source},
+               {"simulated", status.simulated},
+               {"lock_dir", status.lock_dir},
+               {"taken_at", now},
+               {"warnings", status.warnings},
+               {"gpus", gpus}});
+}
+
+std::string devices_to_json(const std::vector<Device>& devices, const std::string& device_source,
+                            bool simulated) {
+  json list = json::array();
+  for (const auto& d : devices) list.push_back(device_json(d));
+  return dump({{"schema_version", kJsonSchemaVersion},
+               {"device_source", device_source},
+               {"simulated", simulated},
+               {"gpus", list}});
+}
+
+}  // namespace gpulock

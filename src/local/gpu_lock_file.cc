@@ -1,0 +1,85 @@
+// OFD lock operations and record I/O on lock files.
+#include "local/gpu_lock_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "gpulock/error.hpp"
+#include "local/holder_record.h"
+#include "util/fd.h"
+
+namespace gpulock {
+namespace {
+
+struct flock whole_file(short type) {
+  struct flock lock {};
+  lock.l_type = type;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = 0;
+  lock.l_len = 0;  // to the end of the file, however long it grows
+  lock.l_pid = 0;  // must be 0 for OFD locks
+  return lock;
+}
+
+}  // namespace
+
+bool try_lock_exclusive(int fd) {
+  struct flock lock = whole_file(F_WRLCK);
+  while (::fcntl(fd, F_OFD_SETLK, &lock) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EACCES) return false;
+    throw Error(ErrorCode::kInternal, errno_message("fcntl(F_OFD_SETLK)", errno));
+  }
+  return true;
+}
+
+void lock_exclusive(int fd) {
+  struct flock lock = whole_file(F_WRLCK);
+  while (::fcntl(fd, F_OFD_SETLKW, &lock) != 0) {
+    if (errno == EINTR) continue;
+    throw Error(ErrorCode::kInternal, errno_message("fcntl(F_OFD_SETLKW)", errno));
+  }
+}
+
+void unlock(int fd) {
+  struct flock lock = whole_file(F_UNLCK);
+  while (::fcntl(fd, F_OFD_SETLK, &lock) != 0 && errno == EINTR) {
+  }
+}
+
+bool is_locked_elsewhere(int fd) {
+  struct flock lock = whole_file(F_WRLCK);
+  while (::fcntl(fd, F_OFD_GETLK, &lock) != 0) {
+    if (errno == EINTR) continue;
+    throw Error(ErrorCode::kInternal, errno_message("fcntl(F_OFD_GETLK)", errno));
+  }
+  return lock.l_type != F_UNLCK;
+}
+
+std::string read_record_bytes(int fd) {
+  std::string bytes(kHolderRecordSize, '\0');
+  ssize_t n;
+  do {
+    n = ::pread(fd, bytes.data(), bytes.size(), 0);
+  } while (n < 0 && errno == EINTR);
+  bytes.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  return bytes;
+}
+
+std::optional<std::string> write_record_bytes(int fd, const std::string& bytes) {
+  std::size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n =
+        ::pwrite(fd, bytes.data() + written, bytes.size() - written, static_cast<off_t>(written));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno_message("cannot write lease details", errno);
+    }
+    written += static_cast<std::size_t>(n);
+  }
+  return std::nullopt;
+}
+
+}  // namespace gpulock

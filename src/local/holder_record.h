@@ -1,0 +1,51 @@
+// HolderRecord: who holds a GPU lease, stored inside the GPU's lock file for display.
+//
+// The record is informational only: the kernel lock is the truth. Anyone who can open the lock
+// file can write it, so a record read back is untrusted: parse_holder_record() validates every
+// field, bounds every string and returns nullopt for anything malformed.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "process/process_identity.h"
+
+namespace gpulock {
+
+// How the lease is held, which decides who may end it.
+enum class HolderKind {
+  kProcess,   // a process holds it in memory (library, Python): ends with that process
+  kRun,       // `gpulock run`: ends when the command's process tree has closed the locks
+  kDetached,  // `gpulock acquire --for-pid`: a detached holder; `gpulock release` ends it
+};
+const char* holder_kind_name(HolderKind kind) noexcept;
+
+struct HolderRecord {
+  std::string lease_id;
+  uid_t uid = 0;
+  std::string user;
+  std::string host;
+  std::string boot_id;
+  HolderKind kind = HolderKind::kProcess;
+  ProcessId holder;  // the process holding the lock descriptors
+  std::vector<ProcessId>
+      members;  // processes whose trees the lease covers (the command, --for-pid)
+  std::string command;
+  std::string label;
+  double started_at = 0;          // seconds since the Unix epoch
+  std::vector<std::string> gpus;  // UUIDs of every GPU in the lease
+};
+
+// Fixed size of a record on disk: each write replaces the whole record in one pwrite.
+inline constexpr std::size_t kHolderRecordSize = 4096;
+
+// JSON padded with spaces to kHolderRecordSize; long command lines and labels are cut to fit.
+std::string serialize_holder_record(const HolderRecord& record);
+
+std::optional<HolderRecord> parse_holder_record(std::string_view bytes);
+
+}  // namespace gpulock

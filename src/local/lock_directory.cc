@@ -1,0 +1,207 @@
+// The shared lock directory: creation with explicit modes, safe opens, file-system checks.
+#include "local/lock_directory.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "gpulock/error.hpp"
+#include "process/process_identity.h"
+
+namespace gpulock {
+namespace {
+
+constexpr mode_t kSharedDirMode = 01777;
+constexpr mode_t kLockFileMode = 0666;
+constexpr const char* kAcquireMutexName = ".acquire.lock";
+
+// Magic numbers of network file systems, where flock/OFD locks are emulated or unreliable.
+constexpr long kNfsMagic = 0x6969;
+constexpr long kSmbMagic = 0x517B;
+constexpr long kCifsMagic = static_cast<long>(0xFF534D42);
+constexpr long kSmb2Magic = static_cast<long>(0xFE534D42);
+
+[[noreturn]] void environment_error(const std::string& message) {
+  throw Error(ErrorCode::kEnvironment, message);
+}
+
+std::string mode_text(mode_t mode) {
+  return fmt::format("{:04o}", mode & 07777);
+}
+
+void check_file_system(int dir_fd, const std::filesystem::path& path) {
+  struct statfs fs {};
+  if (::fstatfs(dir_fd, &fs) != 0) return;
+  const long type = static_cast<long>(fs.f_type);
+  const char* name = type == kNfsMagic                                                 ? "NFS"
+                     : (type == kSmbMagic || type == kCifsMagic || type == kSmb2Magic) ? "SMB/CIFS"
+                                                                                       : nullptr;
+  if (name != nullptr) {
+    environment_error(fmt::format(
+        "lock directory {} is on {}, where file locks are emulated and unreliable; set "
+        "GPULOCK_DIR to a local path such as /run/lock/gpulock (for several hosts, use the Redis "
+        "backend)",
+        path.string(), name));
+  }
+}
+
+}  // namespace
+
+std::filesystem::path default_lock_directory() {
+  if (const char* dir = std::getenv("GPULOCK_DIR"); dir != nullptr && *dir != '\0') return dir;
+  struct stat st {};
+  if (::lstat("/run/lock/gpulock", &st) == 0) return "/run/lock/gpulock";
+  if (::stat("/run/lock", &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 01777) == 01777)
+    return "/run/lock/gpulock";
+  return "/var/tmp/gpulock";
+}
+
+LockDirectory LockDirectory::open(const std::filesystem::path& path) {
+  if (path.empty()) environment_error("lock directory path is empty (GPULOCK_DIR)");
+  const std::string p = path.string();
+  bool created = false;
+  if (::mkdir(p.c_str(), 0700) == 0) {
+    created = true;
+  } else if (errno != EEXIST) {
+    const int e = errno;
+    environment_error(fmt::format(
+        "cannot create lock directory {}: {}{}", p, std::strerror(e),
+        e == ENOENT ? " (its parent directory does not exist)"
+                    : "; set GPULOCK_DIR to a directory you can write, e.g. /var/tmp/gpulock"));
+  }
+  UniqueFd fd(::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) {
+    const int e = errno;
+    if (e == ELOOP || e == ENOTDIR) {
+      environment_error(fmt::format(
+          "lock directory {} is {}: refusing to use it (a planted symlink could redirect every "
+          "lock); remove it, or set GPULOCK_DIR to the real directory",
+          p, e == ELOOP ? "a symbolic link" : "not a directory"));
+    }
+    environment_error(fmt::format("cannot open lock directory {}: {}", p, std::strerror(e)));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0)
+    environment_error(errno_message("cannot stat lock directory " + p, errno));
+  if (created && st.st_uid == ::geteuid()) {
+    // Explicit mode, never the umask: every user must be able to create lock files here, and
+    // the sticky bit stops them from deleting or renaming each other's.
+    if (::fchmod(fd.get(), kSharedDirMode) != 0)
+      environment_error(errno_message("cannot set mode 1777 on lock directory " + p, errno));
+    st.st_mode = (st.st_mode & ~07777) | kSharedDirMode;
+  }
+  check_file_system(fd.get(), path);
+
+  LockDirectory dir(path, std::move(fd));
+  if ((st.st_mode & 0777) != 0777 || !(st.st_mode & S_ISVTX)) {
+    dir.warnings_.push_back(fmt::format(
+        "lock directory {} has mode {} (owner {}); other users need mode 1777 to lease GPUs here",
+        p, mode_text(st.st_mode), user_name(st.st_uid)));
+  }
+  return dir;
+}
+
+std::string LockDirectory::lock_file_name(const std::string& uuid) {
+  std::string safe;
+  for (char c : uuid) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_';
+    safe += ok ? c : '_';
+  }
+  return "gpu-" + safe + ".lock";
+}
+
+bool LockDirectory::is_lock_file_name(const std::string& name) {
+  return name.size() > 9 && name.starts_with("gpu-") && name.ends_with(".lock");
+}
+
+std::filesystem::path LockDirectory::lock_file_path(const std::string& uuid) const {
+  return path_ / lock_file_name(uuid);
+}
+
+UniqueFd LockDirectory::open_file(const std::string& name, bool for_writing) const {
+  const std::string full = (path_ / name).string();
+  const int access = for_writing ? O_RDWR : O_RDONLY;
+  // O_NONBLOCK so that a planted FIFO cannot hang us; it is cleared once we know it is a file.
+  const int flags = access | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    UniqueFd fd(::openat(dir_fd_.get(), name.c_str(), flags));
+    if (!fd && errno == ENOENT) {
+      if (!for_writing) return UniqueFd();
+      // Create only when missing (O_EXCL): with fs.protected_regular, O_CREAT on another
+      // user's existing file in a sticky directory fails even when its mode would allow it.
+      fd.reset(::openat(dir_fd_.get(), name.c_str(), flags | O_CREAT | O_EXCL, kLockFileMode));
+      if (!fd && errno == EEXIST) continue;  // someone else created it just now
+      if (!fd) {
+        const int e = errno;
+        environment_error(
+            fmt::format("cannot create lock file {}: {}{}", full, std::strerror(e),
+                        e == ENOSPC ? " (the disk is full)"
+                        : e == EROFS || e == EACCES
+                            ? "; the lock directory must be writable by every user (mode 1777)"
+                            : ""));
+      }
+      if (::fchmod(fd.get(), kLockFileMode) != 0)
+        environment_error(errno_message("cannot set mode 0666 on " + full, errno));
+    }
+    if (!fd) {
+      const int e = errno;
+      if (e == ELOOP) {
+        environment_error(fmt::format(
+            "{} is a symbolic link, not a lock file: refusing to follow it; whoever planted it "
+            "can be found with `ls -l`, and root can remove it",
+            full));
+      }
+      if (e == EACCES) {
+        struct stat st {};
+        ::fstatat(dir_fd_.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW);
+        environment_error(fmt::format(
+            "cannot open lock file {} (mode {}, owner {}): {}; ask its owner or root to run "
+            "`chmod 666 {}`",
+            full, mode_text(st.st_mode), user_name(st.st_uid), std::strerror(e), full));
+      }
+      environment_error(errno_message("cannot open lock file " + full, e));
+    }
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) environment_error(errno_message("cannot stat " + full, errno));
+    if (!S_ISREG(st.st_mode)) {
+      environment_error(
+          fmt::format("{} is not a regular file: refusing to use it as a lock file; "
+                      "root can remove it",
+                      full));
+    }
+    if (st.st_nlink != 1) {
+      environment_error(fmt::format(
+          "{} has {} hard links: refusing to use it as a lock file (it may be someone's file "
+          "linked in); root can remove it",
+          full, st.st_nlink));
+    }
+    if (for_writing && st.st_uid == ::geteuid() && (st.st_mode & 07777) != kLockFileMode)
+      ::fchmod(fd.get(), kLockFileMode);  // repair our own file so others can lock it
+    const int fl = ::fcntl(fd.get(), F_GETFL);
+    if (fl >= 0) ::fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
+  }
+  environment_error("cannot open lock file " + full + ": it keeps appearing and disappearing");
+}
+
+UniqueFd LockDirectory::open_lock_file(const std::string& uuid) const {
+  return open_file(lock_file_name(uuid), true);
+}
+
+UniqueFd LockDirectory::open_lock_file_for_reading(const std::string& uuid) const {
+  return open_file(lock_file_name(uuid), false);
+}
+
+UniqueFd LockDirectory::open_acquire_mutex() const {
+  return open_file(kAcquireMutexName, true);
+}
+
+}  // namespace gpulock

@@ -1,0 +1,63 @@
+// LockDirectory: the machine-wide directory of GPU lock files, shared by every user.
+//
+// One lock file per GPU, named after its UUID (never its index, which can change across
+// reboots). Files are created once and never deleted: deleting a file that others may have
+// open or locked breaks exclusion. Every open is relative to the directory's descriptor, with
+// O_NOFOLLOW and O_CLOEXEC, and checks that it got a plain regular file, so planted symlinks,
+// FIFOs or hard links are refused with a clear message instead of being followed.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "util/fd.h"
+
+namespace gpulock {
+
+class LockDirectory {
+ public:
+  // Opens the directory, creating it (mode 1777, whatever the umask) if missing. Throws
+  // Error(kEnvironment) if it is unusable: a symlink, not a directory, on NFS/SMB, or missing
+  // and impossible to create.
+  static LockDirectory open(const std::filesystem::path& path);
+
+  const std::filesystem::path& path() const { return path_; }
+  int fd() const { return dir_fd_.get(); }
+  // Notes for people about a usable but doubtful set-up (e.g. a mode that shuts others out).
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+  // The lock file of a GPU, opened read-write for locking; created (mode 0666) when missing.
+  // Throws Error(kEnvironment) naming the file and what to do when it cannot be used.
+  UniqueFd open_lock_file(const std::string& uuid) const;
+
+  // The lock file of a GPU opened read-only, to inspect it without disturbing anyone.
+  // An invalid fd means the file does not exist (so nobody holds that GPU). Throws like
+  // open_lock_file for a file that is not a plain regular file.
+  UniqueFd open_lock_file_for_reading(const std::string& uuid) const;
+
+  // The file whose lock serialises acquisitions machine-wide (".acquire.lock").
+  UniqueFd open_acquire_mutex() const;
+
+  std::filesystem::path lock_file_path(const std::string& uuid) const;
+
+  // True for names of GPU lock files ("gpu-<uuid>.lock").
+  static bool is_lock_file_name(const std::string& name);
+  static std::string lock_file_name(const std::string& uuid);
+
+ private:
+  LockDirectory(std::filesystem::path path, UniqueFd dir_fd)
+      : path_(std::move(path)), dir_fd_(std::move(dir_fd)) {}
+  UniqueFd open_file(const std::string& name, bool for_writing) const;
+
+  std::filesystem::path path_;
+  UniqueFd dir_fd_;
+  std::vector<std::string> warnings_;
+};
+
+// GPULOCK_DIR if set; else /run/lock/gpulock where /run/lock is shared by everyone (or the
+// directory already exists there); else /var/tmp/gpulock. Every user of the machine arrives at
+// the same answer for the same file system state.
+std::filesystem::path default_lock_directory();
+
+}  // namespace gpulock

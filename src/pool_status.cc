@@ -1,0 +1,108 @@
+// GpuPool::status(): every device with its state, holder and processes, read without locking.
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "gpu_pool_impl.h"
+#include "gpulock/error.hpp"
+#include "process/process_identity.h"
+
+namespace gpulock {
+namespace {
+
+HolderInfo holder_info(const HolderRecord& r) {
+  HolderInfo info;
+  info.lease_id = r.lease_id;
+  info.uid = r.uid;
+  info.user = r.user;
+  info.host = r.host;
+  info.kind = holder_kind_name(r.kind);
+  info.pid = r.holder.pid;
+  info.holder_alive = is_alive(r.holder);
+  for (const auto& m : r.members) info.member_pids.push_back(m.pid);
+  info.command = r.command;
+  info.label = r.label;
+  info.started_at = std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::duration<double>(r.started_at)));
+  info.gpus = r.gpus;
+  return info;
+}
+
+// A process is covered by a lease if it is the holder, a member, or a descendant of either.
+bool covered_by(unsigned pid, const HolderRecord& r) {
+  if (is_same_or_descendant(static_cast<pid_t>(pid), r.holder)) return true;
+  return std::any_of(r.members.begin(), r.members.end(), [&](const ProcessId& m) {
+    return is_same_or_descendant(static_cast<pid_t>(pid), m);
+  });
+}
+
+}  // namespace
+
+const char* gpu_state_name(GpuState state) noexcept {
+  switch (state) {
+    case GpuState::kFree:
+      return "free";
+    case GpuState::kLeased:
+      return "leased";
+    case GpuState::kBusy:
+      return "busy";
+    case GpuState::kExcluded:
+      return "excluded";
+  }
+  return "free";
+}
+
+PoolStatus GpuPool::Impl::status() {
+  PoolStatus status;
+  status.host = host_name();
+  status.device_source = source->description();
+  status.simulated = source->simulated();
+  status.lock_dir = dir.path().string();
+  status.taken_at = std::chrono::system_clock::now();
+  status.warnings = dir.warnings();
+
+  for (Device& device : source->devices()) {
+    GpuStatus gpu;
+    const LockProbe p = probe(device.uuid, true);
+    if (device.mig_enabled.value_or(false)) {
+      gpu.state = GpuState::kExcluded;
+      gpu.note = "MIG enabled: its instances are leased one by one";
+    } else if (device.compute_mode == ComputeMode::kProhibited) {
+      gpu.state = GpuState::kExcluded;
+      gpu.note = "compute mode 'prohibited'";
+    } else if (!p.error.empty()) {
+      gpu.state = GpuState::kExcluded;
+      gpu.note = p.error;
+    } else if (p.locked) {
+      gpu.state = GpuState::kLeased;
+      if (p.record) {
+        gpu.holder = holder_info(*p.record);
+      } else {
+        gpu.note = "lease details unavailable (being written, or damaged)";
+      }
+    } else if (!device.processes.empty()) {
+      gpu.state = GpuState::kBusy;
+    }
+    for (const auto& process : device.processes) {
+      ProcessOnGpu shown;
+      shown.pid = process.pid;
+      shown.used_memory_bytes = process.used_memory_bytes;
+      if (const auto uid = process_uid(static_cast<pid_t>(process.pid)))
+        shown.user = user_name(*uid);
+      shown.foreign = !(p.locked && p.record && covered_by(process.pid, *p.record));
+      gpu.processes.push_back(std::move(shown));
+    }
+    if (gpu.state == GpuState::kLeased &&
+        std::any_of(gpu.processes.begin(), gpu.processes.end(),
+                    [](const ProcessOnGpu& x) { return x.foreign; }) &&
+        gpu.holder) {
+      gpu.note = "processes outside the lease are using this GPU";
+    }
+    gpu.device = std::move(device);
+    status.gpus.push_back(std::move(gpu));
+  }
+  return status;
+}
+
+}  // namespace gpulock

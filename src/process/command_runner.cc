@@ -1,0 +1,129 @@
+// run_command(): fork/exec under a lease, forwarding signals and passing the lock descriptors.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "gpulock/error.hpp"
+#include "gpulock/run.hpp"
+#include "util/fd.h"
+
+extern char** environ;
+
+namespace gpulock {
+namespace {
+
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+
+std::vector<std::string> build_environment(const Lease& lease, VisibleFormat format) {
+  const auto overrides = lease_environment(lease, format);
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string entry(*e);
+    bool replaced = false;
+    for (const auto& [name, value] : overrides) {
+      (void)value;
+      if (entry.compare(0, name.size() + 1, name + "=") == 0) replaced = true;
+    }
+    if (!replaced) env.push_back(entry);
+  }
+  for (const auto& [name, value] : overrides) env.push_back(name + "=" + value);
+  return env;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> lease_environment(const Lease& lease,
+                                                                   VisibleFormat format) {
+  return {{"CUDA_VISIBLE_DEVICES", lease.cuda_visible_devices(format)},
+          {"CUDA_DEVICE_ORDER", "PCI_BUS_ID"},
+          {"GPULOCK_LEASE_ID", lease.id()},
+          {"GPULOCK_GPUS", lease.uuid_list()}};
+}
+
+int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleFormat format) {
+  if (argv.empty()) throw Error(ErrorCode::kInvalidArgument, "no command to run");
+
+  // Prepare everything the child needs before forking: after fork it only execs.
+  const std::vector<std::string> env_strings = build_environment(lease, format);
+  std::vector<char*> envp, args;
+  for (const auto& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+
+  sigset_t handled, previous;
+  sigemptyset(&handled);
+  for (int s : kForwardedSignals) sigaddset(&handled, s);
+  sigaddset(&handled, SIGCHLD);
+  if (::sigprocmask(SIG_BLOCK, &handled, &previous) != 0)
+    throw Error(ErrorCode::kInternal, errno_message("sigprocmask", errno));
+  struct MaskRestorer {
+    sigset_t mask;
+    ~MaskRestorer() { ::sigprocmask(SIG_SETMASK, &mask, nullptr); }
+  } restore{previous};
+  UniqueFd signals(::signalfd(-1, &handled, SFD_CLOEXEC));
+  if (!signals) throw Error(ErrorCode::kInternal, errno_message("signalfd", errno));
+
+  int exec_error_pipe[2];
+  if (::pipe2(exec_error_pipe, O_CLOEXEC) != 0)
+    throw Error(ErrorCode::kInternal, errno_message("pipe2", errno));
+  UniqueFd error_read(exec_error_pipe[0]), error_write(exec_error_pipe[1]);
+
+  const pid_t child = ::fork();
+  if (child < 0) throw Error(ErrorCode::kInternal, errno_message("fork", errno));
+  if (child == 0) {
+    for (int fd : lease.lock_fds()) {
+      const int flags = ::fcntl(fd, F_GETFD);
+      if (flags >= 0) ::fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC);  // the command inherits the lease
+    }
+    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+    ::execvpe(args[0], args.data(), envp.data());
+    const int e = errno;
+    [[maybe_unused]] const ssize_t n = ::write(error_write.get(), &e, sizeof e);
+    ::_exit(e == ENOENT ? 127 : 126);
+  }
+  error_write.reset();
+
+  int exec_errno = 0;
+  ssize_t got;
+  do {
+    got = ::read(error_read.get(), &exec_errno, sizeof exec_errno);
+  } while (got < 0 && errno == EINTR);
+  if (got == static_cast<ssize_t>(sizeof exec_errno)) {
+    std::fprintf(stderr, "gpulock: cannot run '%s': %s\n", argv[0].c_str(),
+                 std::strerror(exec_errno));
+  } else {
+    lease.set_holder(::getpid(), "run");
+    lease.add_member(child);
+  }
+
+  while (true) {
+    signalfd_siginfo info{};
+    const ssize_t n = ::read(signals.get(), &info, sizeof info);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != static_cast<ssize_t>(sizeof info))
+      throw Error(ErrorCode::kInternal, errno_message("read(signalfd)", errno));
+    if (info.ssi_signo == SIGCHLD) {
+      int status = 0;
+      const pid_t done = ::waitpid(child, &status, WNOHANG);
+      if (done == child) {
+        if (WIFEXITED(status)) return WEXITSTATUS(status);
+        if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+      }
+      continue;
+    }
+    // A terminal sends SIGINT/SIGQUIT/SIGHUP to the whole foreground process group, the command
+    // included (si_code SI_KERNEL): forwarding it again would deliver it twice.
+    if (info.ssi_code == SI_KERNEL) continue;
+    ::kill(child, static_cast<int>(info.ssi_signo));
+  }
+}
+
+}  // namespace gpulock

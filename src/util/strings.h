@@ -1,0 +1,24 @@
+// Small string helpers: trimming, splitting, making untrusted text safe to print, shell quoting.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gpulock {
+
+std::string_view trim(std::string_view text);
+std::vector<std::string> split(std::string_view text, char separator);
+bool starts_with_ignoring_case(std::string_view text, std::string_view prefix);
+
+// Replaces control characters (terminal escapes included) with '?' and cuts to max_length,
+// so text read from shared files cannot mess with a terminal or a log.
+std::string sanitize_for_display(std::string_view text, std::size_t max_length = 256);
+
+// Quotes a value for a POSIX shell (single quotes; embedded quotes escaped).
+std::string shell_quote(std::string_view value);
+
+// The command line as one string, each word shell-quoted only when it needs it.
+std::string join_command_line(const std::vector<std::string>& argv);
+
+}  // namespace gpulock
