@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <ctime>
 #include <map>
 #include <set>
 
@@ -116,11 +117,14 @@ std::vector<const Device*> resolve_explicit(const std::vector<Device>& devices,
 }
 
 std::string holder_summary(const HolderRecord& r) {
-  const auto now = std::chrono::system_clock::now().time_since_epoch();
-  const auto held = std::chrono::duration_cast<std::chrono::seconds>(
-      now - std::chrono::duration<double>(r.started_at));
-  std::string text =
-      fmt::format("leased by {} for {} (lease {}", r.user, format_duration(held), r.lease_id);
+  // "since" a clock time rather than "for" a duration: it stays true while the caller waits.
+  const auto started = static_cast<std::time_t>(r.started_at);
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  ::localtime_r(&started, &local);
+  char when[32];
+  std::strftime(when, sizeof when, now - started < 86400 ? "%H:%M:%S" : "%Y-%m-%d %H:%M", &local);
+  std::string text = fmt::format("leased by {} since {} (lease {}", r.user, when, r.lease_id);
   if (!r.label.empty()) text += ", '" + r.label + "'";
   return text + ")";
 }
@@ -191,10 +195,6 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
         c.never = fmt::format("{} is outside CUDA_VISIBLE_DEVICES={}", describe(*d),
                               sanitize_for_display(*request.cuda_visible_devices, 128));
       }
-      if (c.never.empty()) {
-        const LockProbe p = probe(d->uuid, false);
-        if (!p.error.empty()) c.never = p.error;
-      }
       if (!c.never.empty()) {
         // Devices the caller did not name are silently unsuitable; named ones must all be usable.
         if (!request.gpus.empty()) throw Error(ErrorCode::kUnsatisfiable, c.never);
@@ -227,11 +227,24 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
 
       std::vector<const Device*> free;
       std::vector<std::string> free_uuids;
-      for (const auto& c : candidates) {
+      std::size_t unusable = 0;
+      for (auto& c : candidates) {
         if (c.health_blocked) continue;
-        if (probe(c.device->uuid, false).locked) continue;
+        const LockProbe p = probe(c.device->uuid, false);
+        if (!p.error.empty()) {  // e.g. a symlink planted under the lock file's name
+          c.never = p.error;
+          never_reasons.push_back(c.never);
+          ++unusable;
+          continue;
+        }
+        if (p.locked) continue;
         free.push_back(c.device);
         free_uuids.push_back(c.device->uuid);
+      }
+      if (unusable > 0 && (!request.gpus.empty() || candidates.size() - unusable < needed)) {
+        std::string why = "cannot serve this request:";
+        for (const auto& reason : never_reasons) why += "\n  " + reason;
+        throw Error(ErrorCode::kUnsatisfiable, why);
       }
       std::optional<std::vector<std::size_t>> chosen;
       if (!request.gpus.empty()) {
@@ -288,14 +301,18 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
       if (request.wait) continue;
     }
     std::vector<BlockingGpu> blocking;
+    std::string signature;  // what blocks, without the ever-changing durations
     bool health_dependent = false;
     for (const auto& c : candidates) {
+      if (!c.never.empty()) continue;
       BlockingGpu b{c.device->display_index(), c.device->uuid, ""};
       const LockProbe p = probe(c.device->uuid, true);
       if (p.locked) {
         b.reason = p.record ? holder_summary(*p.record) : "leased (details unavailable)";
+        signature += c.device->uuid + " leased " + (p.record ? p.record->lease_id : "") + "\n";
       } else if (c.health_blocked) {
         b.reason = c.unready;
+        signature += c.device->uuid + " " + c.unready + "\n";
         health_dependent = true;
       } else {
         continue;  // free, but not enough free ones together
@@ -309,8 +326,6 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
       throw Error(ErrorCode::kTimedOut, why);
     }
     if (hooks.on_progress) {
-      std::string signature;
-      for (const auto& b : blocking) signature += b.uuid + b.reason + "\n";
       if (signature != last_progress) {
         last_progress = signature;
         hooks.on_progress(WaitProgress{Clock::now() - start, blocking});
