@@ -72,6 +72,8 @@ std::string unready_reason(const Device& d, const LeaseRequest& r) {
       return fmt::format("{}: drawing {:.0f} W, at most {:.0f} W allowed", describe(d),
                          *d.power_draw_watts, *r.max_power_watts);
   }
+  if (!r.allow_foreign_processes && !d.processes_known)
+    return describe(d) + ": its processes cannot be listed (--allow-foreign to accept it)";
   if (!r.allow_foreign_processes && !d.processes.empty()) {
     std::string pids;
     for (std::size_t i = 0; i < d.processes.size() && i < 4; ++i)

@@ -41,6 +41,9 @@ struct Device {
   std::optional<bool> mig_enabled;  // current MIG mode of a whole GPU; unset for MIG instances
 
   std::vector<GpuProcess> processes;  // compute processes only (graphics-only ones excluded)
+  // False when the driver would not list processes (e.g. no permission): then `processes` is
+  // empty but proves nothing, and the GPU does not pass the "no foreign processes" check.
+  bool processes_known = true;
 
   bool is_mig_instance() const { return mig_index.has_value(); }
   // "0", or "0:1" for MIG instance 1 of GPU 0: how gpulock shows a device to people.

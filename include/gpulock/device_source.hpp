@@ -28,7 +28,7 @@ class DeviceSource {
   // (NVML's topology levels). NVLink-connected GPUs count as 0. Unknown: 50.
   virtual int distance(const std::string& uuid_a, const std::string& uuid_b) = 0;
 
-  // One line for people: "NVML 12.550.54 (driver 550.54.15)" or "4 simulated GPUs".
+  // One line for people: "NVML (driver 550.54.15, NVML 12.550.54)" or "4 simulated GPUs".
   virtual std::string description() const = 0;
 
   // True for simulated devices; the CLI says so whenever it shows or leases them.
