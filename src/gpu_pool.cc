@@ -171,9 +171,13 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
   validate(request);
   const auto start = Clock::now();
   // No deadline is time_point::max(); --no-wait is a deadline of now.
-  const Clock::time_point deadline = !request.wait     ? start
-                                     : request.timeout ? start + *request.timeout
-                                                       : Clock::time_point::max();
+  // A timeout too long for the clock (centuries) is no deadline rather than an overflow.
+  const bool bounded =
+      request.timeout && *request.timeout < std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                Clock::time_point::max() - start);
+  const Clock::time_point deadline = !request.wait ? start
+                                     : bounded     ? start + *request.timeout
+                                                   : Clock::time_point::max();
   std::optional<ReleaseWatcher> watcher;
   std::string last_progress;
 

@@ -4,6 +4,10 @@
 //
 // prints `export` lines for eval; a detached holder keeps the lease until PID exits or
 // `gpulock release LEASE_ID`.
+#include <signal.h>
+
+#include <cerrno>
+
 #include <fmt/format.h>
 
 #include "cli.h"
@@ -29,6 +33,11 @@ void add_acquire_command(CLI::App& app, int* exit_status) {
       ->required();
   command->footer("Example: eval \"$(gpulock acquire -n 2 --for-pid $$)\"");
   command->callback([options, for_pid, exit_status] {
+    // Check the process before waiting for GPUs that would be handed to nobody.
+    // (kill with signal 0 only checks; EPERM means the process exists but is someone else's.)
+    if (*for_pid <= 0 || (::kill(*for_pid, 0) != 0 && errno == ESRCH))
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("--for-pid {}: no such running process", *for_pid));
     GpuPool pool = GpuPool::open();
     Lease lease = acquire_for_cli(pool, *options, fmt::format("acquire --for-pid {}", *for_pid));
     detach_lease(lease, *for_pid);

@@ -8,22 +8,46 @@
 #include "cli.h"
 
 namespace gpulock::cli {
+namespace {
+
+// A CLI11 validator that runs one of the library's parsers, so a malformed or empty value is a
+// usage error (exit 64) at parse time, with the parser's own message.
+template <typename Parser>
+CLI::Validator parsed_by(Parser parser, const char* name) {
+  return CLI::Validator(
+      [parser](std::string& value) -> std::string {
+        try {
+          parser(value);
+          return "";
+        } catch (const Error& error) {
+          return error.what();
+        }
+      },
+      name);
+}
+
+}  // namespace
 
 void RequestOptions::add_to(CLI::App& command) {
   auto* count_option =
       command.add_option("-n,--count", count, "Number of GPUs to lease (any suitable ones)")
           ->capture_default_str();
   auto* gpus_option =
-      command.add_option("--gpus", gpus, "Lease exactly these GPUs: indices or UUIDs, e.g. 0,2");
+      command.add_option("--gpus", gpus, "Lease exactly these GPUs: indices or UUIDs, e.g. 0,2")
+          ->check(parsed_by(parse_gpu_list, "LIST"));
   count_option->excludes(gpus_option);
-  command.add_option("--min-free-mem", min_free_mem,
-                     "Only GPUs with this much free memory, e.g. 20G");
-  command.add_option("--max-util", max_util, "Only GPUs at most this busy, in percent");
-  command.add_option("--max-power", max_power, "Only GPUs drawing at most this power, in watts");
+  command
+      .add_option("--min-free-mem", min_free_mem, "Only GPUs with this much free memory, e.g. 20G")
+      ->check(parsed_by(parse_size, "SIZE"));
+  command.add_option("--max-util", max_util, "Only GPUs at most this busy, in percent")
+      ->check(parsed_by(parse_percent, "PCT"));
+  command.add_option("--max-power", max_power, "Only GPUs drawing at most this power, in watts")
+      ->check(parsed_by(parse_watts, "W"));
   command.add_flag("--allow-foreign", allow_foreign,
                    "Accept GPUs with compute processes of people not using gpulock");
   auto* timeout_option =
-      command.add_option("--timeout", timeout, "Wait at most this long, e.g. 90s, 5m, 2h");
+      command.add_option("--timeout", timeout, "Wait at most this long, e.g. 90s, 5m, 2h")
+          ->check(parsed_by(parse_duration, "DURATION"));
   auto* no_wait_option =
       command.add_flag("--no-wait", no_wait, "Fail at once if the GPUs are not free");
   timeout_option->excludes(no_wait_option);

@@ -78,7 +78,9 @@ LockDirectory LockDirectory::open(const std::filesystem::path& path) {
   }
   UniqueFd fd(::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) {
-    const int e = errno;
+    int e = errno;
+    struct stat link {};
+    if (e == ENOTDIR && ::lstat(p.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) e = ELOOP;
     if (e == ELOOP || e == ENOTDIR) {
       environment_error(fmt::format(
           "lock directory {} is {}: refusing to use it (a planted symlink could redirect every "
@@ -178,13 +180,23 @@ UniqueFd LockDirectory::open_file(const std::string& name, bool for_writing) con
                       full));
     }
     if (st.st_nlink != 1) {
+      // It may be someone's file linked in to have gpulock write over it. (Refusing costs
+      // nothing that holding the lock open would not: it only makes the GPU unavailable.)
       environment_error(fmt::format(
           "{} has {} hard links: refusing to use it as a lock file (it may be someone's file "
           "linked in); root can remove it",
           full, st.st_nlink));
     }
-    if (for_writing && st.st_uid == ::geteuid() && (st.st_mode & 07777) != kLockFileMode)
-      ::fchmod(fd.get(), kLockFileMode);  // repair our own file so others can lock it
+    const bool shared_mode = (st.st_mode & kLockFileMode) == kLockFileMode;
+    if (!shared_mode && st.st_uid == ::geteuid()) {
+      if (for_writing) ::fchmod(fd.get(), kLockFileMode);  // repair our own file for others
+    } else if (!shared_mode && ::geteuid() != 0) {
+      // Readable but not lockable by us: say so now rather than when we try to lease it.
+      environment_error(fmt::format(
+          "lock file {} has mode {} (owner {}), so you cannot lock it; ask {} or root to run "
+          "`chmod 666 {}`",
+          full, mode_text(st.st_mode), user_name(st.st_uid), user_name(st.st_uid), full));
+    }
     const int fl = ::fcntl(fd.get(), F_GETFL);
     if (fl >= 0) ::fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK);
     return fd;
