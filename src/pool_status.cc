@@ -83,6 +83,9 @@ PoolStatus GpuPool::Impl::status() {
       }
     } else if (!device.processes.empty()) {
       gpu.state = GpuState::kBusy;
+    } else if (!device.processes_known) {
+      gpu.state = GpuState::kBusy;  // as acquire sees it: not proven idle
+      gpu.note = "its processes cannot be listed (--allow-foreign accepts it)";
     }
     for (const auto& process : device.processes) {
       ProcessOnGpu shown;

@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -56,7 +57,7 @@ class IdleSimulatedSource final : public DeviceSource {
     for (unsigned i = 0; i < count_; ++i) out.push_back(idle_device(i));
     return out;
   }
-  int distance(const std::string&, const std::string&) override { return 50; }
+  int distance(const std::string& a, const std::string& b) override { return a == b ? 0 : 50; }
   std::string description() const override { return fmt::format("{} simulated GPUs", count_); }
   bool simulated() const override { return true; }
 
@@ -245,6 +246,7 @@ class FileSimulatedSource final : public DeviceSource {
   std::vector<Device> devices() override {
     std::map<std::string, int> switches;
     auto out = FileReader(path_).read(switches);
+    std::lock_guard<std::mutex> lock(mutex_);
     switches_ = std::move(switches);
     count_ = out.size();
     return out;
@@ -252,18 +254,21 @@ class FileSimulatedSource final : public DeviceSource {
 
   int distance(const std::string& a, const std::string& b) override {
     if (a == b) return 0;
+    std::lock_guard<std::mutex> lock(mutex_);
     const auto ia = switches_.find(a), ib = switches_.find(b);
     if (ia == switches_.end() || ib == switches_.end()) return 50;
     return ia->second == ib->second ? 10 : 50;
   }
 
   std::string description() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
     return fmt::format("{} simulated devices from {}", count_, path_);
   }
   bool simulated() const override { return true; }
 
  private:
-  std::string path_;
+  const std::string path_;
+  mutable std::mutex mutex_;  // guards what devices() learns for distance() and description()
   std::map<std::string, int> switches_;
   std::size_t count_ = 0;
 };

@@ -56,27 +56,33 @@ std::string serialize_holder_record(const HolderRecord& record) {
     members.push_back(process_to_json(record.members[i]));
   json gpus = json::array();
   for (std::size_t i = 0; i < record.gpus.size() && i < kMaxGpusInRecord; ++i)
-    gpus.push_back(record.gpus[i]);
-  // Free text is cut on a character boundary so the result stays valid UTF-8... and JSON:
-  // dump() with error_handler::replace turns any invalid byte into U+FFFD.
+    gpus.push_back(sanitize_for_display(record.gpus[i], 96));
+  // Text is made valid, control-free UTF-8 within the reader's bounds first, so JSON escaping
+  // can only grow it by quotes and backslashes, and what is written is what a reader accepts.
   json j{{"schema", kRecordSchema},
          {"lease_id", record.lease_id},
          {"uid", record.uid},
-         {"user", record.user.substr(0, 64)},
-         {"host", record.host.substr(0, 255)},
-         {"boot_id", record.boot_id.substr(0, 64)},
+         {"user", sanitize_for_display(record.user, 64)},
+         {"host", sanitize_for_display(record.host, 255)},
+         {"boot_id", sanitize_for_display(record.boot_id, 64)},
          {"kind", holder_kind_name(record.kind)},
          {"holder", process_to_json(record.holder)},
          {"members", members},
-         {"command", record.command.substr(0, 1024)},
-         {"label", record.label.substr(0, 256)},
+         {"command", sanitize_for_display(record.command, 1024)},
+         {"label", sanitize_for_display(record.label, 256)},
          {"started_at", record.started_at},
          {"gpus", gpus}};
-  std::string text = j.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() >= kHolderRecordSize) {
-    j["command"] = record.command.substr(0, 128);
-    j["label"] = record.label.substr(0, 64);
-    text = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string text = j.dump();
+  // Too long (very many GPUs, or text full of quotes): give up detail until it fits.
+  for (const std::size_t command_length : {128, 0}) {
+    if (text.size() < kHolderRecordSize) break;
+    j["command"] = sanitize_for_display(record.command, command_length);
+    j["label"] = sanitize_for_display(record.label, command_length / 2);
+    text = j.dump();
+  }
+  while (text.size() >= kHolderRecordSize && !j["gpus"].empty()) {
+    j["gpus"].erase(j["gpus"].size() - 1);
+    text = j.dump();
   }
   text.resize(kHolderRecordSize - 1, ' ');
   text += '\n';
@@ -134,7 +140,9 @@ std::optional<HolderRecord> parse_holder_record(std::string_view bytes) {
   }
   if (!j.contains("started_at") || !j["started_at"].is_number()) return std::nullopt;
   record.started_at = j["started_at"].get<double>();
-  if (!std::isfinite(record.started_at) || record.started_at < 0) return std::nullopt;
+  // Beyond the year 5000 is nonsense, and would overflow the clocks readers convert it to.
+  if (!std::isfinite(record.started_at) || record.started_at < 0 || record.started_at > 1e11)
+    return std::nullopt;
   if (!j.contains("gpus") || !j["gpus"].is_array() || j["gpus"].size() > kMaxGpusInRecord)
     return std::nullopt;
   for (const auto& g : j["gpus"]) {

@@ -65,7 +65,10 @@ std::filesystem::path default_lock_directory() {
 
 LockDirectory LockDirectory::open(const std::filesystem::path& path) {
   if (path.empty()) environment_error("lock directory path is empty (GPULOCK_DIR)");
-  const std::string p = path.string();
+  // A trailing slash would make the kernel follow a symlink in the last component despite
+  // O_NOFOLLOW, so it goes.
+  std::string p = path.string();
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
   bool created = false;
   if (::mkdir(p.c_str(), 0700) == 0) {
     created = true;

@@ -33,16 +33,62 @@ bool starts_with_ignoring_case(std::string_view text, std::string_view prefix) {
   });
 }
 
+namespace {
+
+// Length of the UTF-8 sequence starting at text[i], or 0 if it is not a valid one
+// (overlong forms, surrogates and values above U+10FFFF included).
+std::size_t utf8_sequence_length(std::string_view text, std::size_t i, char32_t& code) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char lead = byte(i);
+  std::size_t length = 0;
+  if (lead < 0x80) {
+    code = lead;
+    return 1;
+  } else if ((lead & 0xE0) == 0xC0) {
+    length = 2;
+    code = lead & 0x1F;
+  } else if ((lead & 0xF0) == 0xE0) {
+    length = 3;
+    code = lead & 0x0F;
+  } else if ((lead & 0xF8) == 0xF0) {
+    length = 4;
+    code = lead & 0x07;
+  } else {
+    return 0;
+  }
+  if (i + length > text.size()) return 0;
+  for (std::size_t k = 1; k < length; ++k) {
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+    code = (code << 6) | (byte(i + k) & 0x3F);
+  }
+  static constexpr char32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (code < kSmallest[length] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return 0;
+  return length;
+}
+
+}  // namespace
+
 std::string sanitize_for_display(std::string_view text, std::size_t max_length) {
+  constexpr std::string_view kEllipsis = "\u2026";  // …
   std::string out;
   out.reserve(std::min(text.size(), max_length));
-  for (char c : text) {
-    if (out.size() >= max_length) {
-      out += "…";
+  for (std::size_t i = 0; i < text.size();) {
+    char32_t code = 0;
+    std::size_t length = utf8_sequence_length(text, i, code);
+    std::string_view piece = text.substr(i, length);
+    // C0 and C1 controls (terminal escapes: ESC, CSI U+009B, OSC U+009D) and invalid bytes.
+    if (length == 0 || code < 0x20 || (code >= 0x7F && code <= 0x9F)) {
+      piece = "?";
+      length = std::max<std::size_t>(length, 1);
+    }
+    const bool last = i + length >= text.size();
+    const std::size_t reserve = last ? 0 : kEllipsis.size();
+    if (out.size() + piece.size() + reserve > max_length) {
+      if (out.size() + kEllipsis.size() <= max_length) out += kEllipsis;
       break;
     }
-    const auto u = static_cast<unsigned char>(c);
-    out += (u < 0x20 || u == 0x7f) ? '?' : c;
+    out += piece;
+    i += length;
   }
   return out;
 }

@@ -11,8 +11,9 @@ std::string_view trim(std::string_view text);
 std::vector<std::string> split(std::string_view text, char separator);
 bool starts_with_ignoring_case(std::string_view text, std::string_view prefix);
 
-// Replaces control characters (terminal escapes included) with '?' and cuts to max_length,
-// so text read from shared files cannot mess with a terminal or a log.
+// Makes untrusted text safe to show: control characters (C0, DEL and C1, so terminal escapes
+// included) and invalid UTF-8 become '?', and the text is cut on a character boundary (ending
+// in "…") so that the result is valid UTF-8 of at most max_length bytes.
 std::string sanitize_for_display(std::string_view text, std::size_t max_length = 256);
 
 // Quotes a value for a POSIX shell (single quotes; embedded quotes escaped).
