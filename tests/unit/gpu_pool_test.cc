@@ -30,6 +30,7 @@
 #include "local/holder_record.h"
 #include "local/lock_directory.h"
 #include "process/process_identity.h"
+#include "temp_dir.h"
 #include "util/fd.h"
 #include "util/random_id.h"
 
@@ -48,24 +49,7 @@ std::string SimUuid(unsigned index) {
   return "GPU-5e1f0a7e-0000-4000-8000-00000000000" + std::to_string(index);
 }
 
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/gpulock-pool-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using test_support::TempDir;
 
 // A forked child that does nothing until it is destroyed (then it exits and is reaped).
 class IdleChild {

@@ -20,6 +20,7 @@
 #include "gpulock/error.hpp"
 #include "local/gpu_lock_file.h"
 #include "local/holder_record.h"
+#include "temp_dir.h"
 
 namespace gpulock {
 namespace {
@@ -28,24 +29,7 @@ namespace fs = std::filesystem;
 
 const char* const kUuid = "GPU-5e1f0a7e-0000-4000-8000-000000000000";
 
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/gpulock-dir-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using test_support::TempDir;
 
 // Sets the umask for the scope.
 class ScopedUmask {

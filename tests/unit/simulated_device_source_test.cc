@@ -15,6 +15,7 @@
 
 #include "gpulock/device_source.hpp"
 #include "gpulock/error.hpp"
+#include "temp_dir.h"
 
 namespace gpulock {
 namespace {
@@ -24,24 +25,7 @@ namespace fs = std::filesystem;
 constexpr std::uint64_t kMiB = 1024ULL * 1024;
 constexpr std::uint64_t kGiB = 1024ULL * kMiB;
 
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/gpulock-sim-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using test_support::TempDir;
 
 class SimulatedFileTest : public ::testing::Test {
  protected:
