@@ -141,7 +141,34 @@ void validate(const LeaseRequest& r) {
     throw Error(ErrorCode::kInvalidArgument, "the timeout must not be negative");
 }
 
+// The kernel queues IN_CLOSE_WRITE just before it drops the closed file's OFD lock, so a waiter
+// woken by a release can find the lock still held for a moment. After each wake-up it therefore
+// checks again after these short pauses (or at once on a further event) before sleeping long.
+constexpr std::chrono::milliseconds kQuickRechecks[] = {
+    std::chrono::milliseconds(1), std::chrono::milliseconds(4), std::chrono::milliseconds(20)};
+
 }  // namespace
+
+GpuPool::Impl::WatcherLoan::~WatcherLoan() {
+  if (!watcher_) return;
+  std::lock_guard<std::mutex> lock(pool_.watchers_mutex_);
+  pool_.idle_watchers_.push_back(std::move(watcher_));
+}
+
+void GpuPool::Impl::WatcherLoan::take() {
+  {
+    std::lock_guard<std::mutex> lock(pool_.watchers_mutex_);
+    if (!pool_.idle_watchers_.empty()) {
+      watcher_ = std::move(pool_.idle_watchers_.back());
+      pool_.idle_watchers_.pop_back();
+    }
+  }
+  if (watcher_) {
+    watcher_->discard_pending();  // what happened while it was idle is no news to this caller
+  } else {
+    watcher_ = std::make_unique<ReleaseWatcher>(pool_.dir.fd());
+  }
+}
 
 GpuPool::Impl::Impl(std::unique_ptr<DeviceSource> source_in, PoolOptions options_in)
     : source(std::move(source_in)),
@@ -178,7 +205,8 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
   const Clock::time_point deadline = !request.wait ? start
                                      : bounded     ? start + *request.timeout
                                                    : Clock::time_point::max();
-  std::optional<ReleaseWatcher> watcher;
+  WatcherLoan watcher(*this);  // set up on the first failed attempt, if the request waits
+  int quick_rechecks = 0;      // left after a wake-up; see kQuickRechecks
   std::string last_progress;
 
   while (true) {
@@ -246,6 +274,8 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
         if (p.locked) continue;
         free.push_back(c.device);
         free_uuids.push_back(c.device->uuid);
+        // One GPU of any: the first free one in index order is the choice; probe no further.
+        if (request.gpus.empty() && needed == 1) break;
       }
       if (unusable > 0 && (!request.gpus.empty() || candidates.size() - unusable < needed)) {
         std::string why = "cannot serve this request:";
@@ -301,10 +331,10 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
     }
 
     // 3. Not served now: explain why, then sleep until a release (or a health re-check).
-    if (!watcher) {
+    if (request.wait && !watcher) {
       // Watch before the next check, so a release between check and sleep is not missed.
-      watcher.emplace(dir.fd());
-      if (request.wait) continue;
+      watcher.take();
+      continue;
     }
     std::vector<BlockingGpu> blocking;
     std::string signature;  // what blocks, without the ever-changing durations
@@ -340,12 +370,16 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
     auto sleep =
         health_dependent ? options.health_recheck_interval : options.safety_recheck_interval;
     if (hooks.interrupted) sleep = std::min(sleep, hooks.interrupt_poll);
+    if (quick_rechecks > 0) {
+      sleep = std::min(sleep, kQuickRechecks[std::size(kQuickRechecks) - quick_rechecks]);
+      --quick_rechecks;
+    }
     if (deadline != Clock::time_point::max()) {
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       sleep = std::clamp(left + std::chrono::milliseconds(1), std::chrono::milliseconds(0), sleep);
     }
-    watcher->wait(sleep);
+    if (watcher->wait(sleep)) quick_rechecks = static_cast<int>(std::size(kQuickRechecks));
     if (hooks.interrupted && hooks.interrupted())
       throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
   }

@@ -1,6 +1,7 @@
 // GpuPool::Impl: the shared state behind a GpuPool, used by its acquire, status and release parts.
 #pragma once
 
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -9,6 +10,7 @@
 #include "gpulock/gpu_pool.hpp"
 #include "local/holder_record.h"
 #include "local/lock_directory.h"
+#include "local/release_watcher.h"
 #include "util/fd.h"
 
 namespace gpulock {
@@ -30,6 +32,24 @@ class GpuPool::Impl {
 
   LockProbe probe(const std::string& uuid, bool with_record) const;
 
+  // A ReleaseWatcher lent to one waiting acquire() and given back to the pool afterwards.
+  // Watchers are kept for the pool's lifetime because closing an inotify descriptor blocks for
+  // a kernel grace period (milliseconds), which would delay every acquire() that waited.
+  class WatcherLoan {
+   public:
+    explicit WatcherLoan(Impl& pool) : pool_(pool) {}
+    ~WatcherLoan();
+    WatcherLoan(const WatcherLoan&) = delete;
+    WatcherLoan& operator=(const WatcherLoan&) = delete;
+    void take();
+    explicit operator bool() const { return watcher_ != nullptr; }
+    ReleaseWatcher* operator->() { return watcher_.get(); }
+
+   private:
+    Impl& pool_;
+    std::unique_ptr<ReleaseWatcher> watcher_;
+  };
+
   std::unique_ptr<DeviceSource> source;
   PoolOptions options;
   LockDirectory dir;
@@ -39,6 +59,8 @@ class GpuPool::Impl {
   // machine via an OFD lock on the directory's acquire mutex file.
   std::mutex acquire_mutex_;
   UniqueFd acquire_mutex_fd_;
+  std::mutex watchers_mutex_;
+  std::vector<std::unique_ptr<ReleaseWatcher>> idle_watchers_;
 };
 
 }  // namespace gpulock

@@ -23,7 +23,10 @@ const char* compute_mode_name(ComputeMode mode) noexcept {
 
 std::string Device::display_index() const {
   std::string text = std::to_string(index);
-  if (mig_index) text += ":" + std::to_string(*mig_index);
+  if (mig_index) {
+    text += ':';
+    text += std::to_string(*mig_index);
+  }
   return text;
 }
 

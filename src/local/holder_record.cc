@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "util/random_id.h"
@@ -16,10 +17,6 @@ using nlohmann::json;
 constexpr int kRecordSchema = 1;
 constexpr std::size_t kMaxGpusInRecord = 64;
 constexpr std::size_t kMaxMembers = 8;
-
-json process_to_json(const ProcessId& p) {
-  return json{{"pid", p.pid}, {"start", p.start_ticks}};
-}
 
 std::optional<ProcessId> process_from_json(const json& j) {
   if (!j.is_object() || !j.contains("pid") || !j.contains("start")) return std::nullopt;
@@ -50,40 +47,69 @@ const char* holder_kind_name(HolderKind kind) noexcept {
   return "process";
 }
 
+namespace {
+
+// Appends text as a JSON string. The text has been through sanitize_for_display(), so it is
+// valid UTF-8 without control characters: only quotes and backslashes need escaping.
+void append_json_string(std::string& out, std::string_view text) {
+  out += '"';
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  out += '"';
+}
+
+void append_process(std::string& out, const ProcessId& p) {
+  out += fmt::format(R"({{"pid":{},"start":{}}})", p.pid, p.start_ticks);
+}
+
+// The record as JSON with the given limits on free text and on the GPU list. Written by hand
+// rather than through a JSON object: this is on every acquire's path, and the fields are few.
+std::string record_json(const HolderRecord& r, std::size_t command_max, std::size_t label_max,
+                        std::size_t gpus_max) {
+  std::string out;
+  out.reserve(1024);
+  out += fmt::format(R"({{"schema":{},"lease_id":)", kRecordSchema);
+  append_json_string(out, r.lease_id);
+  out += fmt::format(R"(,"uid":{},"user":)", r.uid);
+  append_json_string(out, sanitize_for_display(r.user, 64));
+  out += ",\"host\":";
+  append_json_string(out, sanitize_for_display(r.host, 255));
+  out += ",\"boot_id\":";
+  append_json_string(out, sanitize_for_display(r.boot_id, 64));
+  out += ",\"kind\":";
+  append_json_string(out, holder_kind_name(r.kind));
+  out += ",\"holder\":";
+  append_process(out, r.holder);
+  out += ",\"members\":[";
+  for (std::size_t i = 0; i < r.members.size() && i < kMaxMembers; ++i) {
+    if (i > 0) out += ',';
+    append_process(out, r.members[i]);
+  }
+  out += "],\"command\":";
+  append_json_string(out, sanitize_for_display(r.command, command_max));
+  out += ",\"label\":";
+  append_json_string(out, sanitize_for_display(r.label, label_max));
+  // Shortest text that reads back as the same double.
+  out += fmt::format(R"(,"started_at":{},"gpus":[)", r.started_at);
+  for (std::size_t i = 0; i < r.gpus.size() && i < std::min(gpus_max, kMaxGpusInRecord); ++i) {
+    if (i > 0) out += ',';
+    append_json_string(out, sanitize_for_display(r.gpus[i], 96));
+  }
+  out += "]}";
+  return out;
+}
+
+}  // namespace
+
 std::string serialize_holder_record(const HolderRecord& record) {
-  json members = json::array();
-  for (std::size_t i = 0; i < record.members.size() && i < kMaxMembers; ++i)
-    members.push_back(process_to_json(record.members[i]));
-  json gpus = json::array();
-  for (std::size_t i = 0; i < record.gpus.size() && i < kMaxGpusInRecord; ++i)
-    gpus.push_back(sanitize_for_display(record.gpus[i], 96));
-  // Text is made valid, control-free UTF-8 within the reader's bounds first, so JSON escaping
-  // can only grow it by quotes and backslashes, and what is written is what a reader accepts.
-  json j{{"schema", kRecordSchema},
-         {"lease_id", record.lease_id},
-         {"uid", record.uid},
-         {"user", sanitize_for_display(record.user, 64)},
-         {"host", sanitize_for_display(record.host, 255)},
-         {"boot_id", sanitize_for_display(record.boot_id, 64)},
-         {"kind", holder_kind_name(record.kind)},
-         {"holder", process_to_json(record.holder)},
-         {"members", members},
-         {"command", sanitize_for_display(record.command, 1024)},
-         {"label", sanitize_for_display(record.label, 256)},
-         {"started_at", record.started_at},
-         {"gpus", gpus}};
-  std::string text = j.dump();
+  std::string text = record_json(record, 1024, 256, kMaxGpusInRecord);
   // Too long (very many GPUs, or text full of quotes): give up detail until it fits.
-  for (const std::size_t command_length : {128, 0}) {
-    if (text.size() < kHolderRecordSize) break;
-    j["command"] = sanitize_for_display(record.command, command_length);
-    j["label"] = sanitize_for_display(record.label, command_length / 2);
-    text = j.dump();
-  }
-  while (text.size() >= kHolderRecordSize && !j["gpus"].empty()) {
-    j["gpus"].erase(j["gpus"].size() - 1);
-    text = j.dump();
-  }
+  if (text.size() >= kHolderRecordSize) text = record_json(record, 128, 64, kMaxGpusInRecord);
+  if (text.size() >= kHolderRecordSize) text = record_json(record, 0, 0, kMaxGpusInRecord);
+  for (std::size_t gpus = kMaxGpusInRecord; text.size() >= kHolderRecordSize && gpus > 0;)
+    text = record_json(record, 0, 0, --gpus);
   text.resize(kHolderRecordSize - 1, ' ');
   text += '\n';
   return text;

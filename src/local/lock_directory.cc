@@ -134,7 +134,7 @@ std::filesystem::path LockDirectory::lock_file_path(const std::string& uuid) con
 UniqueFd LockDirectory::open_file(const std::string& name, bool for_writing) const {
   const std::string full = (path_ / name).string();
   const int access = for_writing ? O_RDWR : O_RDONLY;
-  // O_NONBLOCK so that a planted FIFO cannot hang us; it is cleared once we know it is a file.
+  // O_NONBLOCK so that a planted FIFO cannot hang us.
   const int flags = access | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
   for (int attempt = 0; attempt < 8; ++attempt) {
     UniqueFd fd(::openat(dir_fd_.get(), name.c_str(), flags));
@@ -200,8 +200,7 @@ UniqueFd LockDirectory::open_file(const std::string& name, bool for_writing) con
           "`chmod 666 {}`",
           full, mode_text(st.st_mode), user_name(st.st_uid), user_name(st.st_uid), full));
     }
-    const int fl = ::fcntl(fd.get(), F_GETFL);
-    if (fl >= 0) ::fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK);
+    // O_NONBLOCK stays set: on a regular file it changes nothing for locks or I/O.
     return fd;
   }
   environment_error("cannot open lock file " + full + ": it keeps appearing and disappearing");

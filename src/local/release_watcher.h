@@ -21,6 +21,9 @@ class ReleaseWatcher {
   // a release (or something that may be one) happened; false on timeout. Drains pending events.
   bool wait(std::chrono::milliseconds timeout);
 
+  // Forgets events that are already queued (when a watcher is reused by a new waiter).
+  void discard_pending() { drain(); }
+
   // The pollable descriptor, for callers that wait on several things.
   int fd() const { return inotify_fd_.get(); }
 

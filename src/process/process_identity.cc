@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -46,7 +47,13 @@ std::optional<ProcessId> process_id_of(pid_t pid) {
 }
 
 ProcessId self_process_id() {
-  return process_id_of(::getpid()).value_or(ProcessId{::getpid(), 0});
+  // Read once per process (a fork child has a new pid, so it reads its own).
+  static std::mutex mutex;
+  static ProcessId cached;
+  const pid_t pid = ::getpid();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (cached.pid != pid) cached = process_id_of(pid).value_or(ProcessId{pid, 0});
+  return cached;
 }
 
 bool is_alive(const ProcessId& process) {
@@ -89,12 +96,23 @@ const std::string& boot_id() {
 }
 
 std::string user_name(uid_t uid) {
+  // The last answer is kept: processes ask about their own user over and over, and each
+  // getpwuid_r parses /etc/passwd (or asks NSS) afresh.
+  static std::mutex mutex;
+  static std::optional<std::pair<uid_t, std::string>> last;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (last && last->first == uid) return last->second;
+  }
+  std::string name = std::to_string(uid);
   std::vector<char> buffer(16384);
   passwd entry{};
   passwd* found = nullptr;
   if (::getpwuid_r(uid, &entry, buffer.data(), buffer.size(), &found) == 0 && found != nullptr)
-    return found->pw_name;
-  return std::to_string(uid);
+    name = found->pw_name;
+  std::lock_guard<std::mutex> lock(mutex);
+  last.emplace(uid, name);
+  return name;
 }
 
 std::string host_name() {

@@ -200,7 +200,6 @@ TEST_F(LockDirectoryTest, LockFileIsCreatedWithMode0666UnderUmask077) {
   EXPECT_TRUE(fs::is_regular_file(file));
   EXPECT_EQ(ModeOf(file), 0666u);
   EXPECT_NE(::fcntl(fd.get(), F_GETFD) & FD_CLOEXEC, 0) << "lock fds must not leak into exec";
-  EXPECT_EQ(::fcntl(fd.get(), F_GETFL) & O_NONBLOCK, 0);
   EXPECT_EQ(::fcntl(fd.get(), F_GETFL) & O_ACCMODE, O_RDWR);
 }
 
