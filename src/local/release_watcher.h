@@ -4,6 +4,9 @@
 // its holder died), the kernel emits an inotify IN_CLOSE_WRITE event for that file. Watching the
 // directory for those events lets waiters sleep without polling. Create the watcher BEFORE
 // checking whether GPUs are free, so that a release between the check and the sleep is not lost.
+// The event is queued just before the kernel drops the lock, so a waiter that checks at once may
+// still see it held for a moment: re-check shortly after a wake-up (GpuPool does).
+// Closing the inotify descriptor blocks for a kernel grace period: keep watchers for reuse.
 #pragma once
 
 #include <chrono>
