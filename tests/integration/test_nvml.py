@@ -1,0 +1,87 @@
+"""The real NVML code path through the CLI, without a GPU: the fake NVML library built in
+tests/fake_nvml/ is loaded through GPULOCK_NVML_LIBRARY. Also: no NVML at all."""
+
+import json
+import os
+import pathlib
+
+import pytest
+
+from conftest import EX_UNAVAILABLE
+
+
+def fake_library(name):
+    build = os.environ.get("GPULOCK_BUILD_DIR")
+    candidates = [pathlib.Path(build) / "tests" / name] if build else []
+    candidates.append(pathlib.Path(__file__).resolve().parents[2] / "build" / "tests" / name)
+    for path in candidates:
+        if path.is_file():
+            return str(path)
+    pytest.fail("fake NVML library %s not built (looked in %s)" % (name, candidates))
+
+
+def nvml_env(gl, library, config_text=None):
+    env = gl.env(fake=None, GPULOCK_NVML_LIBRARY=library)
+    if config_text is not None:
+        config = gl.tmp / "fake_nvml.conf"
+        config.write_text(config_text)
+        env["FAKE_NVML_CONFIG"] = str(config)
+    return env
+
+
+MACHINE = """\
+system driver=550.54.15 nvml=12.550.54
+gpu uuid=GPU-11111111-2222-3333-4444-000000000000 name="NVIDIA H100 80GB HBM3" bus=00000000:1B:00.0 total_mib=81920 used_mib=0 util=0 power_mw=70000 limit_mw=700000 switch=0
+gpu uuid=GPU-11111111-2222-3333-4444-000000000001 name="NVIDIA H100 80GB HBM3" bus=00000000:2B:00.0 total_mib=81920 used_mib=0 util=0 power_mw=70000 limit_mw=700000 switch=1
+gpu uuid=GPU-11111111-2222-3333-4444-000000000002 name="NVIDIA H100 80GB HBM3" bus=00000000:3B:00.0 total_mib=81920 used_mib=0 util=0 power_mw=70000 limit_mw=700000 switch=0
+gpu uuid=GPU-11111111-2222-3333-4444-000000000003 name="NVIDIA H100 80GB HBM3" bus=00000000:4B:00.0 total_mib=81920 used_mib=20480 util=90 power_mw=400000 limit_mw=700000 switch=1
+proc gpu=3 pid={foreign} used_mib=20480
+"""
+
+
+def test_gpus_and_run_through_nvml(gl):
+    sleeper = gl.sleeper()
+    env = nvml_env(gl, fake_library("libfake_nvml_full.so"), MACHINE.format(foreign=sleeper.pid))
+    result = gl.run("gpus", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["simulated"] is False
+    assert "driver 550.54.15" in doc["device_source"]
+    assert [g["uuid"][-1] for g in doc["gpus"]] == ["0", "1", "2", "3"]
+    assert doc["gpus"][1]["pci_bus_id"] == "00000000:2B:00.0"
+    assert doc["gpus"][3]["utilization_percent"] == 90
+    assert doc["gpus"][3]["power_draw_watts"] == 400.0
+    assert [p["pid"] for p in doc["gpus"][3]["processes"]] == [sleeper.pid]
+
+    # Two GPUs: 0 and 2 share a switch (topology), GPU 3 runs a foreign process.
+    result = gl.run("run", "-n", "2", "--", "sh", "-c",
+                    'echo "$CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER"', env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0,2", "PCI_BUS_ID"]
+    status = json.loads(gl.run("status", "--json", env=env).stdout)
+    assert status["gpus"][3]["state"] == "busy"
+
+
+def test_old_driver_without_versioned_symbols(gl):
+    env = nvml_env(gl, fake_library("libfake_nvml_old.so"))
+    result = gl.run("run", "-n", "1", "--visible", "uuid", "--", "sh", "-c",
+                    'echo "$CUDA_VISIBLE_DEVICES"', env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith("GPU-")
+
+
+def test_no_nvml_is_a_clear_error(gl):
+    for command in (("status",), ("gpus",), ("run", "--", "true")):
+        env = gl.env(fake=None, GPULOCK_NVML_LIBRARY=str(gl.tmp / "no-such-libnvidia-ml.so.1"))
+        result = gl.run(*command, env=env)
+        assert result.returncode == EX_UNAVAILABLE, result.stderr
+        assert "NVML" in result.stderr and "GPULOCK_FAKE_GPUS" in result.stderr
+        assert "internal error" not in result.stderr
+
+
+def test_driver_that_fails_to_initialise(gl):
+    env = nvml_env(gl, fake_library("libfake_nvml_full.so"))
+    env["FAKE_NVML_INIT_FAIL"] = "9"  # NVML_ERROR_DRIVER_NOT_LOADED
+    result = gl.run("gpus", env=env)
+    assert result.returncode == EX_UNAVAILABLE, result.stderr
+    assert "GPULOCK_FAKE_GPUS" in result.stderr
