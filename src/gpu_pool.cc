@@ -8,6 +8,7 @@
 #include <ctime>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -147,7 +148,28 @@ void validate(const LeaseRequest& r) {
 constexpr std::chrono::milliseconds kQuickRechecks[] = {
     std::chrono::milliseconds(1), std::chrono::milliseconds(4), std::chrono::milliseconds(20)};
 
+// Others hold the machine-wide acquire mutex for microseconds. Even a request that does not
+// wait gets this long before it concludes that something is wrong with the mutex's holder.
+constexpr auto kAcquireMutexGrace = std::chrono::seconds(2);
+
 }  // namespace
+
+void GpuPool::Impl::take_acquire_mutex(Clock::time_point give_up) {
+  // Polled rather than blocking (F_OFD_SETLKW), so that a process stopped inside its critical
+  // section, or one holding the 0666 mutex file's lock on purpose, cannot hang every request:
+  // they time out (75) with an explanation instead.
+  auto pause = std::chrono::microseconds(50);
+  while (!try_lock_exclusive(acquire_mutex_fd_.get())) {
+    if (Clock::now() >= give_up) {
+      throw Error(ErrorCode::kTimedOut,
+                  fmt::format("the machine-wide acquire lock {} is held by another process and "
+                              "was not released in time (a stopped or misbehaving process?)",
+                              (dir.path() / ".acquire.lock").string()));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(10000));
+  }
+}
 
 GpuPool::Impl::WatcherLoan::~WatcherLoan() {
   if (!watcher_) return;
@@ -253,7 +275,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
     {
       std::lock_guard<std::mutex> guard(acquire_mutex_);
       if (!acquire_mutex_fd_) acquire_mutex_fd_ = dir.open_acquire_mutex();
-      lock_exclusive(acquire_mutex_fd_.get());
+      take_acquire_mutex(std::max(deadline, start + kAcquireMutexGrace));
       struct Unlocker {
         int fd;
         ~Unlocker() { unlock(fd); }
@@ -339,10 +361,18 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
     std::vector<BlockingGpu> blocking;
     std::string signature;  // what blocks, without the ever-changing durations
     bool health_dependent = false;
+    std::size_t usable = 0;      // candidates not ruled out for good
+    std::string own_lease_gpus;  // held by the lease the caller runs under
     for (const auto& c : candidates) {
       if (!c.never.empty()) continue;
       BlockingGpu b{c.device->display_index(), c.device->uuid, ""};
       const LockProbe p = probe(c.device->uuid, true);
+      if (p.locked && p.record && request.enclosing_lease_id &&
+          p.record->lease_id == *request.enclosing_lease_id) {
+        own_lease_gpus += (own_lease_gpus.empty() ? "" : ", ") + c.device->display_index();
+        continue;  // will not be released while the caller runs
+      }
+      ++usable;
       if (p.locked) {
         b.reason = p.record ? holder_summary(*p.record) : "leased (details unavailable)";
         signature += c.device->uuid + " leased " + (p.record ? p.record->lease_id : "") + "\n";
@@ -354,6 +384,15 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
         continue;  // free, but not enough free ones together
       }
       blocking.push_back(std::move(b));
+    }
+    if (usable < needed) {
+      throw Error(ErrorCode::kUnsatisfiable,
+                  fmt::format("{} GPU{} requested, but GPU {} {} held by the lease this process "
+                              "runs under ({}, GPULOCK_LEASE_ID), which cannot end while it "
+                              "waits; use those GPUs, or run outside that lease",
+                              needed, needed == 1 ? "" : "s", own_lease_gpus,
+                              own_lease_gpus.find(',') == std::string::npos ? "is" : "are",
+                              *request.enclosing_lease_id));
     }
     if (!request.wait || Clock::now() >= deadline) {
       std::string why = request.wait ? "no GPU became available within the timeout"

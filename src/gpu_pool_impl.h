@@ -1,6 +1,7 @@
 // GpuPool::Impl: the shared state behind a GpuPool, used by its acquire, status and release parts.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -31,6 +32,10 @@ class GpuPool::Impl {
   void release(const std::string& lease_id);
 
   LockProbe probe(const std::string& uuid, bool with_record) const;
+
+  // Locks the machine-wide acquire mutex, or throws kTimedOut at `give_up`.
+  // REQUIRES: acquire_mutex_ held, acquire_mutex_fd_ open.
+  void take_acquire_mutex(std::chrono::steady_clock::time_point give_up);
 
   // A ReleaseWatcher lent to one waiting acquire() and given back to the pool afterwards.
   // Watchers are kept for the pool's lifetime because closing an inotify descriptor blocks for

@@ -1,9 +1,12 @@
 // GpuPool::release(): ending a detached lease by stopping its holder, owner or root only.
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -19,6 +22,40 @@ namespace {
 
 constexpr auto kReleaseWait = std::chrono::seconds(10);
 
+// True if one of the process's open descriptors refers to `path` (same device and inode).
+// Readable for our own processes, and for root.
+bool process_has_file_open(pid_t pid, const std::filesystem::path& path) {
+  struct stat target {};
+  if (::stat(path.c_str(), &target) != 0) return false;
+  std::error_code error;
+  const std::filesystem::path fds = "/proc/" + std::to_string(pid) + "/fd";
+  for (const auto& entry : std::filesystem::directory_iterator(fds, error)) {
+    struct stat st {};
+    if (::stat(entry.path().c_str(), &st) == 0 && st.st_dev == target.st_dev &&
+        st.st_ino == target.st_ino)
+      return true;
+  }
+  return false;
+}
+
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+// Through the pidfd where there is one, so a recycled pid cannot receive it.
+bool send_signal(int pidfd, pid_t pid, int signal) {
+#ifdef SYS_pidfd_send_signal
+  if (pidfd >= 0) return ::syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0) == 0;
+#endif
+  (void)pidfd;
+  return ::kill(pid, signal) == 0;
+}
+
 }  // namespace
 
 void GpuPool::Impl::release(const std::string& lease_id) {
@@ -30,10 +67,17 @@ void GpuPool::Impl::release(const std::string& lease_id) {
   std::vector<std::string> uuids;
   for (const Device& device : source->devices()) {
     const LockProbe p = probe(device.uuid, true);
-    if (p.locked && p.record && p.record->lease_id == lease_id) {
-      found = p.record;
-      uuids.push_back(device.uuid);
-    }
+    if (!p.locked || !p.record || p.record->lease_id != lease_id) continue;
+    // Records are untrusted: someone could plant one naming this lease on a GPU they locked.
+    // All records of the lease must agree on who holds it.
+    if (found && (found->holder != p.record->holder || found->uid != p.record->uid ||
+                  found->kind != p.record->kind))
+      throw Error(ErrorCode::kInternal,
+                  fmt::format("the records of lease {} disagree about its holder (tampered "
+                              "with?); not releasing anything",
+                              lease_id));
+    found = p.record;
+    uuids.push_back(device.uuid);
   }
   if (!found) throw Error(ErrorCode::kNotFound, "no active lease " + lease_id + " on this machine");
 
@@ -49,21 +93,26 @@ void GpuPool::Impl::release(const std::string& lease_id) {
                             lease_id, found->kind == HolderKind::kRun ? "command" : "process",
                             found->holder.pid));
 
-  // The record is untrusted: signal only a live gpulock holder owned by the lease's user.
-  const auto stat = read_process_stat(found->holder.pid);
-  const auto owner = process_uid(found->holder.pid);
-  if (!stat || stat->start_ticks != found->holder.start_ticks || !owner || *owner != found->uid ||
-      stat->comm != "gpulock")
+  // Signal only the process that really holds these lock files: same identity (pid + start
+  // time), owned by the lease's user, with every one of the files open. A pidfd pins the
+  // process between the checks and the signal.
+  const pid_t pid = found->holder.pid;
+  UniqueFd pidfd(open_pidfd(pid));
+  const auto owner = process_uid(pid);
+  bool holds_files = is_alive(found->holder) && owner && *owner == found->uid;
+  for (const auto& uuid : uuids)
+    holds_files = holds_files && process_has_file_open(pid, dir.lock_file_path(uuid));
+  if (!holds_files || !is_alive(found->holder))
     throw Error(ErrorCode::kInternal,
-                fmt::format("lease {} is held, but its holder process {} cannot be identified; "
-                            "the lease ends when the processes holding it exit",
-                            lease_id, found->holder.pid));
+                fmt::format("lease {} is held, but its recorded holder (pid {}) is not the process "
+                            "holding it; the lease ends when the processes holding it exit",
+                            lease_id, pid));
 
   ReleaseWatcher watcher(dir.fd());
-  if (::kill(found->holder.pid, SIGTERM) != 0) {
+  if (!send_signal(pidfd.get(), pid, SIGTERM)) {
     throw Error(errno == EPERM ? ErrorCode::kPermissionDenied : ErrorCode::kInternal,
-                fmt::format("cannot stop the holder of lease {} (pid {}): {}", lease_id,
-                            found->holder.pid, std::strerror(errno)));
+                fmt::format("cannot stop the holder of lease {} (pid {}): {}", lease_id, pid,
+                            std::strerror(errno)));
   }
   const auto deadline = std::chrono::steady_clock::now() + kReleaseWait;
   while (std::chrono::steady_clock::now() < deadline) {
@@ -77,7 +126,7 @@ void GpuPool::Impl::release(const std::string& lease_id) {
   }
   throw Error(ErrorCode::kInternal,
               fmt::format("lease {}: its holder (pid {}) was asked to stop but still holds it",
-                          lease_id, found->holder.pid));
+                          lease_id, pid));
 }
 
 }  // namespace gpulock

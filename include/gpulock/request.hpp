@@ -27,6 +27,10 @@ struct LeaseRequest {
   // Candidates are limited to this CUDA_VISIBLE_DEVICES value when set (normally the caller's
   // own environment; see visible_devices.hpp). Entries are indices or UUIDs (prefixes allowed).
   std::optional<std::string> cuda_visible_devices;
+  // The lease the caller already runs under, if any (GPULOCK_LEASE_ID in the CLI's environment).
+  // GPUs held by it cannot be granted again, so a request that only they could serve fails at
+  // once (kUnsatisfiable) instead of waiting for its own parent to finish.
+  std::optional<std::string> enclosing_lease_id;
 
   // Waiting: wait == false fails at once (ErrorCode::kTimedOut) if the GPUs are not free now;
   // otherwise wait up to timeout (forever when unset).

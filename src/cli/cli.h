@@ -44,6 +44,9 @@ WaitHooks make_wait_display(const std::string& what);
 // Leases GPUs as the options ask, with the wait display and the simulated-GPU note.
 Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::string& command);
 
+// Set by main() when gpulock started with its standard output closed.
+inline bool stdout_was_closed = false;
+
 // "gpulock: " + message on stderr.
 void print_error(const std::string& message);
 

@@ -7,6 +7,8 @@
 #include <signal.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -33,6 +35,9 @@ void add_acquire_command(CLI::App& app, int* exit_status) {
       ->required();
   command->footer("Example: eval \"$(gpulock acquire -n 2 --for-pid $$)\"");
   command->callback([options, for_pid, exit_status] {
+    if (stdout_was_closed)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "standard output is closed: acquire prints the lease's export lines there");
     // Check the process before waiting for GPUs that would be handed to nobody.
     // (kill with signal 0 only checks; EPERM means the process exists but is someone else's.)
     if (*for_pid <= 0 || (::kill(*for_pid, 0) != 0 && errno == ESRCH))
@@ -40,9 +45,17 @@ void add_acquire_command(CLI::App& app, int* exit_status) {
                   fmt::format("--for-pid {}: no such running process", *for_pid));
     GpuPool pool = GpuPool::open();
     Lease lease = acquire_for_cli(pool, *options, fmt::format("acquire --for-pid {}", *for_pid));
-    detach_lease(lease, *for_pid);
+    const pid_t holder = detach_lease(lease, *for_pid);
     for (const auto& [name, value] : lease_environment(lease, options->visible_format()))
       fmt::print("export {}={}\n", name, quoted(value));
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      // Nobody learns the lease id, so nobody could use or release it: end it now.
+      const int error = errno;
+      ::kill(holder, SIGTERM);
+      throw Error(ErrorCode::kInternal,
+                  fmt::format("cannot write the export lines ({}); lease {} released",
+                              std::strerror(error), lease.id()));
+    }
     *exit_status = 0;
   });
 }

@@ -1,11 +1,51 @@
 // gpulock's main(): parses the command line and maps errors to the documented exit statuses
 // (64 usage, 69 cannot be served, 70 internal, 75 not served in time; docs/cli.md).
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
 #include <fmt/format.h>
 
 #include "cli.h"
 
+namespace {
+
+// Opens /dev/null on any of stdin, stdout and stderr that is closed, so that no file gpulock
+// opens can land there (and be written to as if it were output).
+void ensure_standard_descriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    if (fd == STDOUT_FILENO) gpulock::cli::stdout_was_closed = true;
+    const int null_fd = ::open("/dev/null", O_RDWR);
+    if (null_fd >= 0 && null_fd != fd) {
+      ::dup2(null_fd, fd);
+      ::close(null_fd);
+    }
+  }
+}
+
+// Output that could not be written (a closed pipe, a full disk) is an error, not a success.
+int check_output(int status) {
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    gpulock::cli::print_error("cannot write output: " + std::string(std::strerror(errno)));
+    return status == 0 ? 70 : status;
+  }
+  return status;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace gpulock;
+  ensure_standard_descriptors();
+  // Write errors on a closed pipe become EPIPE, reported below, instead of killing gpulock
+  // midway (e.g. after `acquire` has started its holder). Commands get SIGPIPE back (run.hpp).
+  ::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"gpulock: exclusive GPU leases that never go stale", "gpulock"};
   app.require_subcommand(1);
   app.fallthrough(false);
@@ -41,5 +81,5 @@ int main(int argc, char** argv) {
     cli::print_error(fmt::format("internal error: {}", e.what()));
     return 70;
   }
-  return exit_status;
+  return check_output(exit_status);
 }

@@ -71,6 +71,8 @@ LeaseRequest RequestOptions::to_request() const {
   request.label = label;
   if (const char* visible_now = std::getenv("CUDA_VISIBLE_DEVICES"); visible_now != nullptr)
     request.cuda_visible_devices = visible_now;
+  if (const char* lease = std::getenv("GPULOCK_LEASE_ID"); lease != nullptr && *lease != '\0')
+    request.enclosing_lease_id = lease;
   return request;
 }
 

@@ -201,6 +201,13 @@ UniqueFd LockDirectory::open_file(const std::string& name, bool for_writing) con
           full, mode_text(st.st_mode), user_name(st.st_uid), user_name(st.st_uid), full));
     }
     // O_NONBLOCK stays set: on a regular file it changes nothing for locks or I/O.
+    if (fd.get() <= 2) {
+      // Our caller runs with stdin/stdout/stderr closed: a lock fd there would be taken for one
+      // (and a child's output written into the shared lock file). Move it out of the way.
+      UniqueFd moved(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3));
+      if (!moved) environment_error(errno_message("cannot duplicate descriptor of " + full, errno));
+      return moved;
+    }
     return fd;
   }
   environment_error("cannot open lock file " + full + ": it keeps appearing and disappearing");

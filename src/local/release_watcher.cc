@@ -7,22 +7,31 @@
 
 #include <cerrno>
 #include <string>
+#include <thread>
 
 #include "gpulock/error.hpp"
 #include "local/lock_directory.h"
 
 namespace gpulock {
+namespace {
+
+constexpr std::chrono::milliseconds kPollInterval{100};
+
+}  // namespace
 
 ReleaseWatcher::ReleaseWatcher(int dir_fd)
     : inotify_fd_(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) {
-  if (!inotify_fd_) throw Error(ErrorCode::kInternal, errno_message("inotify_init1", errno));
   // Watch the directory we hold open, not a path that could be swapped under us.
   const std::string path = "/proc/self/fd/" + std::to_string(dir_fd);
-  if (::inotify_add_watch(inotify_fd_.get(), path.c_str(), IN_CLOSE_WRITE | IN_ONLYDIR) < 0)
-    throw Error(ErrorCode::kInternal, errno_message("inotify_add_watch on lock directory", errno));
+  if (inotify_fd_ &&
+      ::inotify_add_watch(inotify_fd_.get(), path.c_str(), IN_CLOSE_WRITE | IN_ONLYDIR) < 0)
+    inotify_fd_.reset();
+  // Without inotify (the per-user limits fs.inotify.max_user_instances / max_user_watches are
+  // reached, e.g. by a sweep of hundreds of waiting jobs) waiting still works, by polling.
 }
 
 bool ReleaseWatcher::drain() {
+  if (!inotify_fd_) return false;
   alignas(inotify_event) char buffer[4096];
   bool relevant = false;
   while (true) {
@@ -40,6 +49,10 @@ bool ReleaseWatcher::drain() {
 }
 
 bool ReleaseWatcher::wait(std::chrono::milliseconds timeout) {
+  if (!inotify_fd_) {
+    std::this_thread::sleep_for(std::min(timeout, kPollInterval));
+    return timeout >= kPollInterval;  // "maybe": the caller re-checks
+  }
   if (drain()) return true;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {

@@ -17,8 +17,10 @@ namespace gpulock {
 
 class ReleaseWatcher {
  public:
-  // Watches the directory open at dir_fd. Throws Error(kInternal) if inotify is unavailable.
+  // Watches the directory open at dir_fd. Where inotify is unavailable (per-user limits
+  // reached), falls back to polling: wait() then sleeps at most 100 ms and reports "maybe".
   explicit ReleaseWatcher(int dir_fd);
+  bool polling() const { return !inotify_fd_; }
 
   // Sleeps until a lock file is closed after writing, or the timeout passes. Returns true if
   // a release (or something that may be one) happened; false on timeout. Drains pending events.

@@ -62,6 +62,16 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
   sigemptyset(&handled);
   for (int s : kForwardedSignals) sigaddset(&handled, s);
   sigaddset(&handled, SIGCHLD);
+  // If SIGCHLD was inherited as ignored, the kernel would reap the command itself and never
+  // tell us it ended: take the default back (restored when we return).
+  struct sigaction default_chld {
+  }, previous_chld{};
+  default_chld.sa_handler = SIG_DFL;
+  ::sigaction(SIGCHLD, &default_chld, &previous_chld);
+  struct ChldRestorer {
+    struct sigaction action;
+    ~ChldRestorer() { ::sigaction(SIGCHLD, &action, nullptr); }
+  } restore_chld{previous_chld};
   if (::sigprocmask(SIG_BLOCK, &handled, &previous) != 0)
     throw Error(ErrorCode::kInternal, errno_message("sigprocmask", errno));
   struct MaskRestorer {
@@ -83,6 +93,9 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
       const int flags = ::fcntl(fd, F_GETFD);
       if (flags >= 0) ::fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC);  // the command inherits the lease
     }
+    // The command starts with default SIGPIPE handling even if our caller ignores it (the CLI
+    // does, to see write errors); ignored signals would otherwise survive exec.
+    ::signal(SIGPIPE, SIG_DFL);
     ::sigprocmask(SIG_SETMASK, &previous, nullptr);
     ::execvpe(args[0], args.data(), envp.data());
     const int e = errno;
@@ -119,9 +132,13 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
       }
       continue;
     }
-    // A terminal sends SIGINT/SIGQUIT/SIGHUP to the whole foreground process group, the command
-    // included (si_code SI_KERNEL): forwarding it again would deliver it twice.
-    if (info.ssi_code == SI_KERNEL) continue;
+    // A terminal sends SIGINT/SIGQUIT to the whole foreground process group (si_code SI_KERNEL):
+    // when the command is in our group it has it already, and forwarding would deliver it twice.
+    // But a command that left our group (setsid, `timeout`) did not get it, and a hang-up of a
+    // terminal whose session we lead reaches only us: those are forwarded.
+    const bool hang_up_of_our_session = info.ssi_signo == SIGHUP && ::getsid(0) == ::getpid();
+    if (info.ssi_code == SI_KERNEL && ::getpgid(child) == ::getpgrp() && !hang_up_of_our_session)
+      continue;
     ::kill(child, static_cast<int>(info.ssi_signo));
   }
 }

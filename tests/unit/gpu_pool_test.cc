@@ -832,14 +832,16 @@ TEST_F(GpuPoolTest, ReleaseOfAProcessLeaseIsInvalidAndKeepsIt) {
 }
 
 TEST_F(GpuPoolTest, ReleaseNeverSignalsAProcessThatIsNotAGpulockHolder) {
-  // A detached lease whose record names a process that is not a gpulock holder (here, a child
-  // of the test: its name is not "gpulock"): release must refuse rather than kill it.
+  // A detached lease whose record names a process that does not hold the lease's lock files
+  // (here, a child of the test forked before the lease existed): release must refuse rather
+  // than kill it.
+  IdleChild child;
   GpuPool pool = Pool(1);
   Lease lease = pool.acquire(Count(1));
-  IdleChild child;
   lease.set_holder(child.pid(), "detached");
   ASSERT_EQ(pool.status().gpus[0].holder.value().kind, "detached");
-  ExpectError([&] { pool.release(lease.id()); }, ErrorCode::kInternal, "cannot be identified");
+  ExpectError([&] { pool.release(lease.id()); }, ErrorCode::kInternal,
+              "is not the process holding it");
   EXPECT_TRUE(child.running()) << "release() signalled an unrelated process";
   EXPECT_EQ(pool.status().gpus[0].state, GpuState::kLeased);
 }
