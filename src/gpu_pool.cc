@@ -318,11 +318,18 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
       if (chosen) {
         auto impl = std::make_unique<Lease::Impl>();
         bool all_locked = true;
+        bool replaced = false;
         for (std::size_t position : *chosen) {
           const Device& d = *free[position];
           UniqueFd fd = dir.open_lock_file(d.uuid);
           if (!try_lock_exclusive(fd.get())) {
             all_locked = false;  // a process outside gpulock's protocol holds it; try again later
+            break;
+          }
+          if (!dir.is_current_lock_file(fd.get(), d.uuid)) {
+            // Deleted or replaced between our open and our lock: the lock guards nothing.
+            all_locked = false;
+            replaced = true;
             break;
           }
           impl->raw_fds.push_back(fd.get());
@@ -349,6 +356,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
           impl->write_records();
           return Lease(std::move(impl));
         }
+        if (replaced) continue;  // try again at once, with the file now under that name
       }
     }
 
@@ -445,6 +453,11 @@ std::vector<Device> GpuPool::devices() {
 }
 void GpuPool::release(const std::string& lease_id) {
   impl_->release(lease_id);
+}
+void GpuPool::prepare() {
+  std::vector<std::string> uuids;
+  for (const auto& device : impl_->source->devices()) uuids.push_back(device.uuid);
+  impl_->dir.prepare(uuids);
 }
 DeviceSource& GpuPool::device_source() {
   return *impl_->source;

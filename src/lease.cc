@@ -1,6 +1,8 @@
 // Lease: move-only ownership of GPU locks.
 #include "gpulock/lease.hpp"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 
 #include "lease_impl.h"
@@ -13,6 +15,9 @@ namespace gpulock {
 void Lease::Impl::write_records() {
   const std::string bytes = serialize_holder_record(record);
   for (const auto& fd : fds) {
+    // A lock file with other hard links may be someone's file too: lock it, never write it.
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0 || st.st_nlink != 1) continue;
     if (const auto problem = write_record_bytes(fd.get(), bytes)) {
       std::fprintf(stderr, "gpulock: warning: lease %s: %s (the lease itself is held)\n",
                    id.c_str(), problem->c_str());

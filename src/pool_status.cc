@@ -61,6 +61,7 @@ PoolStatus GpuPool::Impl::status() {
   status.lock_dir = dir.path().string();
   status.taken_at = std::chrono::system_clock::now();
   status.warnings = dir.warnings();
+  status.warnings.insert(status.warnings.end(), dir.advice().begin(), dir.advice().end());
 
   for (Device& device : source->devices()) {
     GpuStatus gpu;

@@ -61,6 +61,11 @@ class GpuPool {
   // lease that is held by a running process or command (stop that instead).
   void release(const std::string& lease_id);
 
+  // Creates the lock file of every GPU now, and when run as root makes the directory and all
+  // lock files root-owned, so that no user can delete another's lock file (which would let a
+  // second job lease a held GPU). Meant for boot time: `gpulock init`.
+  void prepare();
+
   DeviceSource& device_source();
   const std::filesystem::path& lock_dir() const;
   // Notes about a doubtful set-up (e.g. the lock directory's mode), for the CLI to print.

@@ -36,6 +36,7 @@ void add_acquire_command(CLI::App& app, int* exit_status);
 void add_release_command(CLI::App& app, int* exit_status);
 void add_status_command(CLI::App& app, int* exit_status);
 void add_gpus_command(CLI::App& app, int* exit_status);
+void add_init_command(CLI::App& app, int* exit_status);
 
 // Shows a waiting request's progress on stderr: a live line on a terminal, else a log line
 // whenever what it waits for changes. Returns hooks for GpuPool::acquire.

@@ -105,6 +105,15 @@ LockDirectory LockDirectory::open(const std::filesystem::path& path) {
   check_file_system(fd.get(), path);
 
   LockDirectory dir(path, std::move(fd));
+  if (st.st_uid != 0) {
+    // In a sticky directory its owner may delete anyone's files, and deleting a held lock file
+    // lets a second job lease that GPU. Boot-time creation by root closes this (docs/design.md).
+    dir.advice_.push_back(fmt::format(
+        "lock directory {} is owned by {}, who can delete other users' lock files and so break "
+        "their leases; have root create it at boot (contrib/tmpfiles.d/gpulock.conf) or run "
+        "`sudo gpulock init`",
+        p, user_name(st.st_uid)));
+  }
   if ((st.st_mode & 0777) != 0777 || !(st.st_mode & S_ISVTX)) {
     dir.warnings_.push_back(fmt::format(
         "lock directory {} has mode {} (owner {}); other users need mode 1777 to lease GPUs here",
@@ -182,13 +191,13 @@ UniqueFd LockDirectory::open_file(const std::string& name, bool for_writing) con
                       "root can remove it",
                       full));
     }
-    if (st.st_nlink != 1) {
-      // It may be someone's file linked in to have gpulock write over it. (Refusing costs
-      // nothing that holding the lock open would not: it only makes the GPU unavailable.)
+    if (st.st_nlink != 1 && (st.st_mode & 07777) != kLockFileMode) {
+      // Someone's private file linked in, to have gpulock write over it. (A 0666 lock file
+      // that someone hard-linked elsewhere is still locked, but gets no record written.)
       environment_error(fmt::format(
-          "{} has {} hard links: refusing to use it as a lock file (it may be someone's file "
-          "linked in); root can remove it",
-          full, st.st_nlink));
+          "{} has {} hard links and mode {}: refusing to use it as a lock file (it may be "
+          "someone's file linked in); root can remove it",
+          full, st.st_nlink, mode_text(st.st_mode)));
     }
     const bool shared_mode = (st.st_mode & kLockFileMode) == kLockFileMode;
     if (!shared_mode && st.st_uid == ::geteuid()) {
@@ -219,6 +228,28 @@ UniqueFd LockDirectory::open_lock_file(const std::string& uuid) const {
 
 UniqueFd LockDirectory::open_lock_file_for_reading(const std::string& uuid) const {
   return open_file(lock_file_name(uuid), false);
+}
+
+void LockDirectory::prepare(const std::vector<std::string>& uuids) const {
+  const bool root = ::geteuid() == 0;
+  const auto make_root_owned = [&](int fd, mode_t mode, const std::string& what) {
+    if (!root) return;
+    if (::fchown(fd, 0, 0) != 0 || ::fchmod(fd, mode) != 0)
+      environment_error(errno_message("cannot make " + what + " root-owned", errno));
+  };
+  make_root_owned(dir_fd_.get(), kSharedDirMode, path_.string());
+  make_root_owned(open_acquire_mutex().get(), kLockFileMode, "the acquire mutex file");
+  for (const auto& uuid : uuids)
+    make_root_owned(open_lock_file(uuid).get(), kLockFileMode, lock_file_path(uuid).string());
+}
+
+bool LockDirectory::is_current_lock_file(int fd, const std::string& uuid) const {
+  struct stat opened {
+  }, named{};
+  if (::fstat(fd, &opened) != 0 || opened.st_nlink == 0) return false;
+  if (::fstatat(dir_fd_.get(), lock_file_name(uuid).c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0)
+    return false;
+  return opened.st_dev == named.st_dev && opened.st_ino == named.st_ino;
 }
 
 UniqueFd LockDirectory::open_acquire_mutex() const {

@@ -26,6 +26,12 @@ class LockDirectory {
   int fd() const { return dir_fd_.get(); }
   // Notes for people about a usable but doubtful set-up (e.g. a mode that shuts others out).
   const std::vector<std::string>& warnings() const { return warnings_; }
+  // Notes for administrators (shown by `gpulock status`, not on every lease).
+  const std::vector<std::string>& advice() const { return advice_; }
+
+  // Creates every listed GPU's lock file if missing and, when run as root, makes the directory
+  // and the files root-owned so that no user can delete them (`gpulock init`).
+  void prepare(const std::vector<std::string>& uuids) const;
 
   // The lock file of a GPU, opened read-write for locking; created (mode 0666) when missing.
   // Throws Error(kEnvironment) naming the file and what to do when it cannot be used.
@@ -35,6 +41,10 @@ class LockDirectory {
   // An invalid fd means the file does not exist (so nobody holds that GPU). Throws like
   // open_lock_file for a file that is not a plain regular file.
   UniqueFd open_lock_file_for_reading(const std::string& uuid) const;
+
+  // True if fd is still the file under the GPU's lock-file name. A lock taken on a file that
+  // was deleted or replaced after it was opened protects nothing and must be dropped.
+  bool is_current_lock_file(int fd, const std::string& uuid) const;
 
   // The file whose lock serialises acquisitions machine-wide (".acquire.lock").
   UniqueFd open_acquire_mutex() const;
@@ -53,6 +63,7 @@ class LockDirectory {
   std::filesystem::path path_;
   UniqueFd dir_fd_;
   std::vector<std::string> warnings_;
+  std::vector<std::string> advice_;
 };
 
 // GPULOCK_DIR if set; else /run/lock/gpulock where /run/lock is shared by everyone (or the

@@ -217,15 +217,32 @@ def test_fifo_planted_as_acquire_mutex(gl, held):
     assert_still_held(gl, held, try_to_take=False)
 
 
-@pytest.mark.parametrize("kind", ["directory", "hard link", "socket"])
+def test_hard_linked_lock_file_is_locked_but_never_written(gl, held):
+    # A world-writable file hard-linked in under a lock file's name (or a lock file someone
+    # linked elsewhere) still serves as that GPU's lock, but gpulock writes no record into it.
+    path = lock_path(gl, 2)
+    other = gl.tmp / "someones-file"
+    other.write_text("mine\n")
+    os.chmod(other, 0o666)
+    os.link(other, path)
+    bg, _ = gl.hold("--gpus", "2")
+    assert gl.gpu_status(2)["state"] == "leased"
+    assert gl.run("run", "--gpus", "2", "--no-wait", "--", "true").returncode == EX_TEMPFAIL
+    bg.kill_group()
+    gl.wait_state(2, "free")
+    assert other.read_text() == "mine\n"
+    assert_still_held(gl, held)
+
+
+@pytest.mark.parametrize("kind", ["directory", "private hard link", "socket"])
 def test_other_planted_files(gl, held, kind):
     path = lock_path(gl, 2)
     if kind == "directory":
         os.mkdir(path)
-    elif kind == "hard link":
+    elif kind == "private hard link":
         other = gl.tmp / "someones-file"
         other.write_text("mine\n")
-        os.chmod(other, 0o666)
+        os.chmod(other, 0o644)
         os.link(other, path)
     else:  # bound from inside the directory: the full path is too long for AF_UNIX
         subprocess.run([PYTHON, "-S", "-c", "import socket, sys; "
@@ -238,7 +255,7 @@ def test_other_planted_files(gl, held, kind):
     result = gl.run("status", timeout=HANG)
     assert result.returncode == 0, result.stderr
     assert gl.gpu_status(2)["state"] == "excluded"
-    if kind == "hard link":
+    if kind == "private hard link":
         assert (gl.tmp / "someones-file").read_text() == "mine\n"
     assert_still_held(gl, held)
 

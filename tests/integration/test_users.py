@@ -3,6 +3,7 @@ blocking another, and who may release what. Runs as root, switching to two test 
 
 import os
 import stat
+import subprocess
 
 from conftest import EX_TEMPFAIL, EX_UNAVAILABLE, sim_uuid, wait_until
 
@@ -122,3 +123,26 @@ def test_user_cannot_release_run_lease_of_other(mu):
     result = mu.run("release", lease, prefix=a.prefix())
     assert result.returncode != 0 and "stop" in result.stderr
     assert mu.gpu_status(3)["lease_id"] == lease
+
+
+def test_init_as_root_stops_users_deleting_lock_files(mu):
+    """In a sticky directory, a file's owner and the directory's owner may delete it; deleting a
+    held lock file would let a second job lease that GPU. `gpulock init` as root makes the
+    directory and every lock file root-owned."""
+    a, b = mu.users
+    assert mu.run("status", prefix=a.prefix()).returncode == 0  # A creates the directory
+    advice = mu.status(prefix=b.prefix())["warnings"]
+    assert any("owned by %s" % a.name in w for w in advice), advice
+    holder, _ = mu.hold("--gpus", "0", prefix=b.prefix())
+    result = mu.run("init")  # as root
+    assert result.returncode == 0, result.stderr
+    assert os.stat(mu.lock_dir).st_uid == 0
+    for name in os.listdir(mu.lock_dir):
+        assert os.stat(mu.lock_dir / name).st_uid == 0, name
+    assert mu.status(prefix=b.prefix())["warnings"] == []
+    path = mu.lock_dir / ("gpu-%s.lock" % sim_uuid(0))
+    result = subprocess.run(a.prefix() + ["rm", "-f", str(path)], capture_output=True, text=True)
+    assert result.returncode != 0 and path.exists(), "user A could delete a root-owned lock file"
+    result = mu.run("run", "--gpus", "0", "--no-wait", "--", "true", prefix=a.prefix())
+    assert result.returncode == EX_TEMPFAIL, result.stderr
+    holder.kill_group()

@@ -286,6 +286,43 @@ TEST_F(LockDirectoryTest, RefusesAHardLinkedFile) {
   EXPECT_EQ(ReadFile(someones), "data");
 }
 
+TEST_F(LockDirectoryTest, LocksAWorldWritableFileWithAnotherHardLink) {
+  // A 0666 lock file that someone hard-linked elsewhere still works as a lock (refusing it
+  // would let anyone take a GPU away from everyone with one `ln`).
+  const LockDirectory dir = LockDirectory::open(dir_path_);
+  { UniqueFd created = dir.open_lock_file(kUuid); }
+  const fs::path elsewhere = temp_.path() / "extra-link";
+  ASSERT_EQ(::link(dir.lock_file_path(kUuid).c_str(), elsewhere.c_str()), 0);
+  UniqueFd fd = dir.open_lock_file(kUuid);
+  EXPECT_TRUE(try_lock_exclusive(fd.get()));
+}
+
+TEST_F(LockDirectoryTest, NoticesALockFileDeletedOrReplacedAfterItWasOpened) {
+  const LockDirectory dir = LockDirectory::open(dir_path_);
+  UniqueFd fd = dir.open_lock_file(kUuid);
+  EXPECT_TRUE(dir.is_current_lock_file(fd.get(), kUuid));
+  ASSERT_EQ(::unlink(dir.lock_file_path(kUuid).c_str()), 0);
+  EXPECT_FALSE(dir.is_current_lock_file(fd.get(), kUuid));  // deleted
+  UniqueFd replacement = dir.open_lock_file(kUuid);
+  EXPECT_FALSE(dir.is_current_lock_file(fd.get(), kUuid));  // replaced by a new file
+  EXPECT_TRUE(dir.is_current_lock_file(replacement.get(), kUuid));
+}
+
+TEST_F(LockDirectoryTest, PrepareCreatesEveryLockFile) {
+  const LockDirectory dir = LockDirectory::open(dir_path_);
+  const std::string other = "GPU-5e1f0a7e-0000-4000-8000-000000000001";
+  dir.prepare({kUuid, other});
+  for (const auto& uuid : {std::string(kUuid), other}) {
+    struct stat st {};
+    ASSERT_EQ(::lstat(dir.lock_file_path(uuid).c_str(), &st), 0) << uuid;
+    EXPECT_TRUE(S_ISREG(st.st_mode));
+    EXPECT_EQ(st.st_mode & 07777, 0666u);
+    if (::geteuid() == 0) {
+      EXPECT_EQ(st.st_uid, 0u);
+    }
+  }
+}
+
 TEST_F(LockDirectoryTest, OpenForReadingMissingFileIsInvalidAndCreatesNothing) {
   const LockDirectory dir = LockDirectory::open(dir_path_);
   UniqueFd fd = dir.open_lock_file_for_reading(kUuid);
