@@ -38,15 +38,6 @@ bool process_has_file_open(pid_t pid, const std::filesystem::path& path) {
   return false;
 }
 
-int open_pidfd(pid_t pid) {
-#ifdef SYS_pidfd_open
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-#else
-  (void)pid;
-  return -1;
-#endif
-}
-
 // Through the pidfd where there is one, so a recycled pid cannot receive it.
 bool send_signal(int pidfd, pid_t pid, int signal) {
 #ifdef SYS_pidfd_send_signal

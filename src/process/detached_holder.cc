@@ -28,16 +28,6 @@ namespace {
 
 constexpr int kFallbackPollMs = 1000;  // only where pidfd_open is unavailable (Linux < 5.3)
 
-int open_pidfd(pid_t pid) {
-#ifdef SYS_pidfd_open
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-#else
-  (void)pid;
-  errno = ENOSYS;
-  return -1;
-#endif
-}
-
 void close_all_except(const std::set<int>& keep) {
   const long limit = std::min<long>(::sysconf(_SC_OPEN_MAX), 65536);
   for (int fd = 3; fd < limit; ++fd)

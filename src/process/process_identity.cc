@@ -2,8 +2,10 @@
 #include "process/process_identity.h"
 
 #include <pwd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -54,6 +56,16 @@ ProcessId self_process_id() {
   std::lock_guard<std::mutex> lock(mutex);
   if (cached.pid != pid) cached = process_id_of(pid).value_or(ProcessId{pid, 0});
   return cached;
+}
+
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  errno = ENOSYS;
+  return -1;
+#endif
 }
 
 bool is_alive(const ProcessId& process) {

@@ -27,6 +27,10 @@ std::optional<ProcessStat> read_process_stat(pid_t pid);
 std::optional<ProcessId> process_id_of(pid_t pid);
 ProcessId self_process_id();
 
+// A pidfd for the process (Linux >= 5.3), or -1 with errno set (ENOSYS on older kernels). It
+// refers to that process even if its pid is later reused.
+int open_pidfd(pid_t pid);
+
 // True while that very process (same PID and start time) exists.
 bool is_alive(const ProcessId& process);
 
