@@ -34,7 +34,7 @@ struct Candidate {
   const Device* device = nullptr;
   std::string never;    // why it can never serve this request ("" if it can)
   std::string unready;  // why it cannot serve it now ("" if healthy)
-  bool health_blocked = false;
+  bool healthy() const { return unready.empty(); }
 };
 
 std::string describe(const Device& d) {
@@ -130,6 +130,14 @@ std::string holder_summary(const HolderRecord& r) {
   std::string text = fmt::format("leased by {} since {} (lease {}", r.user, when, r.lease_id);
   if (!r.label.empty()) text += ", '" + r.label + "'";
   return text + ")";
+}
+
+// kUnsatisfiable: the headline, then one indented line per reason.
+Error unsatisfiable(const std::string& headline, const std::vector<std::string>& reasons) {
+  std::string why = headline;
+  if (!reasons.empty()) why += ":";
+  for (const auto& reason : reasons) why += "\n  " + reason;
+  return Error(ErrorCode::kUnsatisfiable, why);
 }
 
 void validate(const LeaseRequest& r) {
@@ -245,7 +253,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
     std::vector<Candidate> candidates;
     std::vector<std::string> never_reasons;
     for (const Device* d : pool) {
-      Candidate c{d, never_reason(*d, request), "", false};
+      Candidate c{d, never_reason(*d, request), ""};
       if (c.never.empty() && request.cuda_visible_devices &&
           !visible_under(*d, *request.cuda_visible_devices)) {
         c.never = fmt::format("{} is outside CUDA_VISIBLE_DEVICES={}", describe(*d),
@@ -258,17 +266,13 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
         continue;
       }
       c.unready = unready_reason(*d, request);
-      c.health_blocked = !c.unready.empty();
       candidates.push_back(std::move(c));
     }
     if (candidates.size() < needed) {
-      std::string why = fmt::format("{} GPU{} requested but this machine has {} that can serve it",
-                                    needed, needed == 1 ? "" : "s", candidates.size());
-      if (!never_reasons.empty()) {
-        why += ":";
-        for (const auto& reason : never_reasons) why += "\n  " + reason;
-      }
-      throw Error(ErrorCode::kUnsatisfiable, why);
+      throw unsatisfiable(
+          fmt::format("{} GPU{} requested but this machine has {} that can serve it", needed,
+                      needed == 1 ? "" : "s", candidates.size()),
+          never_reasons);
     }
 
     // 2. Under the machine-wide acquire mutex: take the best free set, all or nothing.
@@ -285,7 +289,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
       std::vector<std::string> free_uuids;
       std::size_t unusable = 0;
       for (auto& c : candidates) {
-        if (c.health_blocked) continue;
+        if (!c.healthy()) continue;
         const LockProbe p = probe(c.device->uuid, false);
         if (!p.error.empty()) {  // e.g. a symlink planted under the lock file's name
           c.never = p.error;
@@ -300,9 +304,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
         if (request.gpus.empty() && needed == 1) break;
       }
       if (unusable > 0 && (!request.gpus.empty() || candidates.size() - unusable < needed)) {
-        std::string why = "cannot serve this request:";
-        for (const auto& reason : never_reasons) why += "\n  " + reason;
-        throw Error(ErrorCode::kUnsatisfiable, why);
+        throw unsatisfiable("cannot serve this request", never_reasons);
       }
       std::optional<std::vector<std::size_t>> chosen;
       if (!request.gpus.empty()) {
@@ -384,7 +386,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
       if (p.locked) {
         b.reason = p.record ? holder_summary(*p.record) : "leased (details unavailable)";
         signature += c.device->uuid + " leased " + (p.record ? p.record->lease_id : "") + "\n";
-      } else if (c.health_blocked) {
+      } else if (!c.healthy()) {
         b.reason = c.unready;
         signature += c.device->uuid + " " + c.unready + "\n";
         health_dependent = true;

@@ -76,12 +76,15 @@ std::span<const int> Lease::lock_fds() const {
   return impl_->raw_fds;
 }
 
-void Lease::set_holder(pid_t holder_pid, const std::string& kind) {
+void Lease::set_holder(pid_t holder_pid, const std::string& kind, pid_t member) {
   if (!impl_) return;
   impl_->record.holder = process_id_of(holder_pid).value_or(ProcessId{holder_pid, 0});
   impl_->record.kind = kind == "run"        ? HolderKind::kRun
                        : kind == "detached" ? HolderKind::kDetached
                                             : HolderKind::kProcess;
+  if (member > 0) {
+    if (const auto id = process_id_of(member)) impl_->record.members.push_back(*id);
+  }
   impl_->write_records();
 }
 

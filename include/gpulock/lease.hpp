@@ -53,7 +53,8 @@ class Lease {
 
   // Records that the lease now also covers this process and its descendants, and how it is held,
   // for `gpulock status`. `kind` is "process", "run" or "detached".
-  void set_holder(pid_t holder_pid, const std::string& kind);
+  // With `member` (> 0), the lease also covers that process, in the same single update.
+  void set_holder(pid_t holder_pid, const std::string& kind, pid_t member = 0);
   void add_member(pid_t pid);
 
   // Releases the GPUs now (for this process: children holding the descriptors keep them).

@@ -113,8 +113,7 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
     std::fprintf(stderr, "gpulock: cannot run '%s': %s\n", argv[0].c_str(),
                  std::strerror(exec_errno));
   } else {
-    lease.set_holder(::getpid(), "run");
-    lease.add_member(child);
+    lease.set_holder(::getpid(), "run", child);
   }
 
   while (true) {

@@ -57,8 +57,7 @@ void close_all_except(const std::set<int>& keep) {
   keep.insert({pidfd, ready_fd, signals});
   close_all_except(keep);
 
-  lease.set_holder(::getpid(), "detached");
-  lease.add_member(watched.pid);
+  lease.set_holder(::getpid(), "detached", watched.pid);
   const pid_t self = ::getpid();  // "ready": the holder's pid
   [[maybe_unused]] const ssize_t n = ::write(ready_fd, &self, sizeof self);
   ::close(ready_fd);
