@@ -19,6 +19,7 @@ enum class ErrorCode {
   kTimedOut,          // not served within the timeout, or at once with no-wait (exit 75)
   kInterrupted,       // the caller's interrupt check asked to stop waiting (exit 75)
   kInternal,          // a bug or an unexpected system failure (exit 70)
+  kConfig,            // the administrator's config file is invalid or unreadable (exit 78)
 };
 
 class Error : public std::runtime_error {
@@ -33,7 +34,7 @@ class Error : public std::runtime_error {
 // The name of a code, for logs and bindings ("invalid_argument", "timed_out", ...).
 const char* error_code_name(ErrorCode code) noexcept;
 
-// The CLI's exit status for a code (64, 69, 70 or 75; see docs/cli.md).
+// The CLI's exit status for a code (64, 69, 70, 75 or 78; see docs/cli.md).
 int exit_status_for(ErrorCode code) noexcept;
 
 }  // namespace gpulock

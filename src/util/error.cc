@@ -21,6 +21,8 @@ const char* error_code_name(ErrorCode code) noexcept {
       return "interrupted";
     case ErrorCode::kInternal:
       return "internal";
+    case ErrorCode::kConfig:
+      return "config";
   }
   return "internal";
 }
@@ -39,6 +41,8 @@ int exit_status_for(ErrorCode code) noexcept {
       return 75;
     case ErrorCode::kInternal:
       return 70;
+    case ErrorCode::kConfig:
+      return 78;
   }
   return 70;
 }

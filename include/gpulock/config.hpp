@@ -1,0 +1,62 @@
+// Config: the administrator's settings for the queue, read from a TOML file.
+//
+// The file is /etc/gpulock/config.toml, or the path in GPULOCK_CONFIG. A missing default file
+// means "no settings"; a file named by GPULOCK_CONFIG must exist. Every process of a machine
+// must read the same file: each one orders the shared queue by it.
+//
+//   policy = "fair-share"          # or "fifo"
+//   exclude_gpus = ["7", "GPU-1a2b3c4d", "NVIDIA T400"]   # index, UUID (or prefix), model name
+//
+//   [limits]
+//   max_gpus_per_user = 4          # GPUs one user may hold at once
+//   max_waiting_per_user = 100     # requests of one user that take part in the queue
+//
+//   [limits.users.alice]           # overrides for one user
+//   max_gpus = 8
+//   max_waiting = 200
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gpulock {
+
+enum class QueuePolicy {
+  kFairShare,  // the user holding (and already queued for) the fewest GPUs goes first
+  kFifo,       // strictly in order of arrival
+};
+const char* queue_policy_name(QueuePolicy policy) noexcept;  // "fair-share", "fifo"
+
+struct UserLimits {
+  std::optional<unsigned> max_gpus;     // GPUs held at once; unset = no limit
+  std::optional<unsigned> max_waiting;  // waiting requests that take part in the queue
+};
+
+struct Config {
+  QueuePolicy policy = QueuePolicy::kFairShare;
+  UserLimits default_limits;                   // [limits] max_gpus_per_user, max_waiting_per_user
+  std::map<std::string, UserLimits> per_user;  // [limits.users.NAME]
+  std::vector<std::string> excluded_gpus;      // as written: index, UUID or prefix, model name
+  std::string source;                          // the file read, or "" when none was (defaults)
+
+  // The limits that apply to `user`: their own entries, else the defaults, field by field.
+  UserLimits limits_for(const std::string& user) const;
+};
+
+// Parses TOML text. `source_name` names the file in errors. Throws Error(kConfig) with
+// "FILE:LINE: what is wrong" for malformed TOML, unknown keys, wrong types or bad values.
+Config parse_config(std::string_view text, const std::string& source_name);
+
+// GPULOCK_CONFIG if set (the file must exist), else /etc/gpulock/config.toml if it exists,
+// else defaults (source ""). Symlinks are followed. Throws Error(kConfig) for an invalid file,
+// and for one that cannot be read: named by GPULOCK_CONFIG but missing, a directory, a FIFO or
+// another non-regular file (refused without blocking), unreadable, a symlink loop, over 1 MiB.
+Config load_config();
+
+// The path load_config() reads.
+std::string config_path();
+
+}  // namespace gpulock
