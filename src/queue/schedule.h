@@ -1,0 +1,90 @@
+// The queue's plan: who is served next and which free GPUs are held back for whom.
+//
+// A pure function of the machine's state (which GPUs are held, and by whose users) and the
+// waiting requests, so that every process computes the same plan from the same files, and so
+// that it can be tested without processes. Every waiter recomputes it under the machine-wide
+// acquire mutex, takes its GPUs when the plan says it is served, and wakes the others that are.
+//
+// Order. Requests of a user beyond that user's max_waiting (by arrival) are held back and come
+// last. The rest: normal priority before low; then by policy:
+//   fifo:        by arrival (seq);
+//   fair-share:  by the user's share = GPUs the user holds now + GPUs requested by that user's
+//                earlier waiting requests; ties by arrival. So a user with 30 queued requests
+//                does not starve a colleague with one, and the one who uses least goes first.
+// Walking that order with the set of free GPUs:
+//   - a request over its user's max_gpus (counting GPUs given earlier in this plan) waits and
+//     reserves nothing;
+//   - a request whose usable free GPUs (its candidates, free, healthy for it, not reserved or
+//     given earlier in the plan) suffice is served: the best of them by topology for "any N",
+//     exactly its GPUs when it named them;
+//   - otherwise it waits and reserves the usable free GPUs it found: later requests may not use
+//     them (unless it can never be served because its GPUs are gone from the machine). So a big
+//     request gathers GPUs as they free up while smaller ones use only the GPUs it cannot
+//     (backfill).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpulock/config.hpp"
+#include "gpulock/queue.hpp"
+#include "selection.h"
+
+namespace gpulock {
+
+// One leasable GPU of the machine.
+struct PlannedGpu {
+  std::string uuid;
+  bool held = false;
+  std::optional<uid_t> holder_uid;  // whose lease holds it, when the record says
+};
+
+// One request taking part in the plan.
+struct PlanRequest {
+  std::uint64_t seq = 0;  // arrival order, unique
+  uid_t uid = 0;
+  Priority priority = Priority::kNormal;
+  unsigned needed = 1;
+  bool named_gpus = false;  // needs exactly all of `candidates` (then needed == their number)
+  std::vector<std::string> candidates;  // UUIDs it may ever use, in preference order
+  std::vector<std::string> unhealthy;   // candidates it cannot use now (health filters)
+  UserLimits limits;
+};
+
+// Why a request lacks a GPU it could use.
+struct Obstacle {
+  enum class Kind {
+    kHeld,       // a lease holds it
+    kReserved,   // free, but reserved for an earlier request (`by`)
+    kGiven,      // free, but given to an earlier request in this plan (`by`)
+    kUnhealthy,  // free, but fails this request's health filters
+    kMissing,    // not among the machine's GPUs now
+  };
+  std::string uuid;
+  Kind kind = Kind::kHeld;
+  std::optional<std::size_t> by;  // index into the requests
+};
+
+struct Placement {
+  std::size_t request = 0;  // index into the requests
+  QueueStanding standing = QueueStanding::kWaiting;
+  // kNext: the GPUs it takes (in candidate order); kWaiting: the free GPUs reserved for it.
+  std::vector<std::string> gpus;
+  std::vector<Obstacle> obstacles;  // kWaiting: why it lacks each other candidate
+};
+
+struct Plan {
+  std::vector<Placement> order;  // serving order; held-back requests last
+  // The placement of request i (index into `order`).
+  const Placement& of(std::size_t request) const;
+  std::vector<std::size_t> position_of;  // request index -> index into `order`
+};
+
+Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
+                const std::vector<PlanRequest>& requests, const DistanceFunction& distance);
+
+}  // namespace gpulock
