@@ -12,12 +12,12 @@
 
 #include <fmt/format.h>
 
+#include "device_fitness.h"
 #include "gpu_pool_impl.h"
 #include "gpulock/error.hpp"
 #include "gpulock/parse.hpp"
 #include "lease_impl.h"
 #include "local/gpu_lock_file.h"
-#include "local/release_watcher.h"
 #include "process/process_identity.h"
 #include "selection.h"
 #include "util/random_id.h"
@@ -32,59 +32,8 @@ using Clock = std::chrono::steady_clock;
 // One device considered for a request, and what stands in its way.
 struct Candidate {
   const Device* device = nullptr;
-  std::string never;    // why it can never serve this request ("" if it can)
   std::string unready;  // why it cannot serve it now ("" if healthy)
-  bool healthy() const { return unready.empty(); }
 };
-
-std::string describe(const Device& d) {
-  return "GPU " + d.display_index();
-}
-
-// Why a device can never serve a request, whatever happens: "" if it can.
-std::string never_reason(const Device& d, const LeaseRequest& r) {
-  if (d.mig_enabled.value_or(false))
-    return describe(d) + " has MIG enabled: lease its MIG instances instead";
-  if (d.compute_mode == ComputeMode::kProhibited)
-    return describe(d) + " is in compute mode 'prohibited'";
-  if (r.min_free_memory_bytes && d.memory_total_bytes &&
-      *d.memory_total_bytes < *r.min_free_memory_bytes)
-    return fmt::format("{} has only {} in total", describe(d), format_size(*d.memory_total_bytes));
-  return "";
-}
-
-// Why a device cannot serve a request now (health filters, foreign processes): "" if it can.
-std::string unready_reason(const Device& d, const LeaseRequest& r) {
-  if (r.min_free_memory_bytes) {
-    if (!d.memory_free_bytes) return describe(d) + ": free memory unknown";
-    if (*d.memory_free_bytes < *r.min_free_memory_bytes)
-      return fmt::format("{}: {} free, {} needed", describe(d), format_size(*d.memory_free_bytes),
-                         format_size(*r.min_free_memory_bytes));
-  }
-  if (r.max_utilization_percent) {
-    if (!d.utilization_percent) return describe(d) + ": utilisation unknown";
-    if (*d.utilization_percent > *r.max_utilization_percent)
-      return fmt::format("{}: {}% busy, at most {}% allowed", describe(d), *d.utilization_percent,
-                         *r.max_utilization_percent);
-  }
-  if (r.max_power_watts) {
-    if (!d.power_draw_watts) return describe(d) + ": power draw unknown";
-    if (*d.power_draw_watts > *r.max_power_watts)
-      return fmt::format("{}: drawing {:.0f} W, at most {:.0f} W allowed", describe(d),
-                         *d.power_draw_watts, *r.max_power_watts);
-  }
-  if (!r.allow_foreign_processes && !d.processes_known)
-    return describe(d) + ": its processes cannot be listed (--allow-foreign to accept it)";
-  if (!r.allow_foreign_processes && !d.processes.empty()) {
-    std::string pids;
-    for (std::size_t i = 0; i < d.processes.size() && i < 4; ++i)
-      pids += (i ? ", " : "") + std::to_string(d.processes[i].pid);
-    if (d.processes.size() > 4) pids += ", …";
-    return fmt::format("{}: used by process{} {} outside gpulock (--allow-foreign to share)",
-                       describe(d), d.processes.size() > 1 ? "es" : "", pids);
-  }
-  return "";
-}
 
 // Resolves the request's explicit GPU names to devices. Throws for unknown or ambiguous names.
 std::vector<const Device*> resolve_explicit(const std::vector<Device>& devices,
@@ -117,19 +66,6 @@ std::vector<const Device*> resolve_explicit(const std::vector<Device>& devices,
     out.push_back(matches.front());
   }
   return out;
-}
-
-std::string holder_summary(const HolderRecord& r) {
-  // "since" a clock time rather than "for" a duration: it stays true while the caller waits.
-  const auto started = static_cast<std::time_t>(r.started_at);
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  ::localtime_r(&started, &local);
-  char when[32];
-  std::strftime(when, sizeof when, now - started < 86400 ? "%H:%M:%S" : "%Y-%m-%d %H:%M", &local);
-  std::string text = fmt::format("leased by {} since {} (lease {}", r.user, when, r.lease_id);
-  if (!r.label.empty()) text += ", '" + r.label + "'";
-  return text + ")";
 }
 
 // kUnsatisfiable: the headline, then one indented line per reason.
@@ -179,31 +115,41 @@ void GpuPool::Impl::take_acquire_mutex(Clock::time_point give_up) {
   }
 }
 
-GpuPool::Impl::WatcherLoan::~WatcherLoan() {
-  if (!watcher_) return;
-  std::lock_guard<std::mutex> lock(pool_.watchers_mutex_);
-  pool_.idle_watchers_.push_back(std::move(watcher_));
+GpuPool::Impl::ChannelLoan::~ChannelLoan() {
+  if (!channel_) return;
+  channel_->reset();
+  std::lock_guard<std::mutex> lock(pool_.channels_mutex_);
+  pool_.idle_channels_.push_back(std::move(channel_));
 }
 
-void GpuPool::Impl::WatcherLoan::take() {
+void GpuPool::Impl::ChannelLoan::take() {
+  if (channel_) return;
   {
-    std::lock_guard<std::mutex> lock(pool_.watchers_mutex_);
-    if (!pool_.idle_watchers_.empty()) {
-      watcher_ = std::move(pool_.idle_watchers_.back());
-      pool_.idle_watchers_.pop_back();
+    std::lock_guard<std::mutex> lock(pool_.channels_mutex_);
+    if (!pool_.idle_channels_.empty()) {
+      channel_ = std::move(pool_.idle_channels_.back());
+      pool_.idle_channels_.pop_back();
     }
   }
-  if (watcher_) {
-    watcher_->discard_pending();  // what happened while it was idle is no news to this caller
-  } else {
-    watcher_ = std::make_unique<ReleaseWatcher>(pool_.dir.fd());
-  }
+  if (!channel_) channel_ = std::make_unique<WaitChannel>();
 }
 
 GpuPool::Impl::Impl(std::unique_ptr<DeviceSource> source_in, PoolOptions options_in)
     : source(std::move(source_in)),
       options(std::move(options_in)),
+      config(options.config ? *options.config : load_config()),
       dir(LockDirectory::open(options.lock_dir.value_or(default_lock_directory()))) {}
+
+QueueDirectory* GpuPool::Impl::queue_dir(bool create) {
+  std::lock_guard<std::mutex> lock(queue_dir_mutex_);
+  if (!queue_dir_) queue_dir_ = QueueDirectory::open(dir, create);
+  return queue_dir_.get();
+}
+
+QueueDirectory::Listing GpuPool::Impl::list_queue(bool remove_dead) {
+  QueueDirectory* queue = queue_dir(false);
+  return queue ? queue->list(remove_dead) : QueueDirectory::Listing{};
+}
 
 LockProbe GpuPool::Impl::probe(const std::string& uuid, bool with_record) const {
   LockProbe result;
@@ -224,6 +170,41 @@ LockProbe GpuPool::Impl::probe(const std::string& uuid, bool with_record) const 
   return result;
 }
 
+std::optional<Lease> GpuPool::Impl::try_lock(const std::vector<const Device*>& chosen,
+                                             const LeaseRequest& request, bool& replaced) {
+  auto impl = std::make_unique<Lease::Impl>();
+  replaced = false;
+  for (const Device* d : chosen) {
+    UniqueFd fd = dir.open_lock_file(d->uuid);
+    if (!try_lock_exclusive(fd.get())) return std::nullopt;  // held outside gpulock's protocol
+    if (!dir.is_current_lock_file(fd.get(), d->uuid)) {
+      // Deleted or replaced between our open and our lock: the lock guards nothing.
+      replaced = true;
+      return std::nullopt;
+    }
+    impl->raw_fds.push_back(fd.get());
+    impl->fds.push_back(std::move(fd));
+    impl->gpus.push_back(
+        LeasedGpu{d->index, d->display_index(), d->uuid, d->name, d->is_mig_instance()});
+  }
+  impl->id = make_lease_id();
+  impl->started_at = std::chrono::system_clock::now();
+  HolderRecord& record = impl->record;
+  record.lease_id = impl->id;
+  record.uid = ::geteuid();
+  record.user = user_of(record.uid);
+  record.host = host_name();
+  record.boot_id = boot_id();
+  record.kind = HolderKind::kProcess;
+  record.holder = self_process_id();
+  record.command = request.command;
+  record.label = request.label;
+  record.started_at = std::chrono::duration<double>(impl->started_at.time_since_epoch()).count();
+  for (const auto& gpu : impl->gpus) record.gpus.push_back(gpu.uuid);
+  impl->write_records();
+  return Lease(std::move(impl));
+}
+
 Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
   validate(request);
   const auto start = Clock::now();
@@ -235,38 +216,71 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
   const Clock::time_point deadline = !request.wait ? start
                                      : bounded     ? start + *request.timeout
                                                    : Clock::time_point::max();
-  WatcherLoan watcher(*this);  // set up on the first failed attempt, if the request waits
-  int quick_rechecks = 0;      // left after a wake-up; see kQuickRechecks
+  const std::size_t needed = request.gpus.empty() ? request.count : request.gpus.size();
+  const std::string& user = user_of(::geteuid());
+  const UserLimits limits = config.limits_for(user);
+  const std::string config_name = config.source.empty() ? "the config" : config.source;
+  if (limits.max_gpus && needed > *limits.max_gpus) {
+    throw Error(ErrorCode::kUnsatisfiable,
+                fmt::format("{} GPUs requested, but {} may hold at most {} at once ({})", needed,
+                            user, *limits.max_gpus, config_name));
+  }
+  const bool any_gpu_limit = [this] {
+    if (config.default_limits.max_gpus) return true;
+    for (const auto& [name, user_limits] : config.per_user)
+      if (user_limits.max_gpus) return true;
+    return false;
+  }();
+
+  // This request as the queue sees it; registered only if it has to wait.
+  Ticket wanted;
+  wanted.id = make_lease_id();
+  wanted.uid = ::geteuid();
+  wanted.user = user;
+  wanted.process = self_process_id();
+  wanted.enqueued_at =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  wanted.priority = request.priority;
+  wanted.needed = static_cast<unsigned>(needed);
+  wanted.named_gpus = !request.gpus.empty();
+  wanted.min_free_memory_bytes = request.min_free_memory_bytes;
+  wanted.max_utilization_percent = request.max_utilization_percent;
+  wanted.max_power_watts = request.max_power_watts;
+  wanted.allow_foreign_processes = request.allow_foreign_processes;
+  wanted.label = request.label;
+  wanted.command = request.command;
+
+  ChannelLoan channel(*this);
+  OwnTicket ticket;
+  int quick_rechecks = 0;  // left after a wake-up; see kQuickRechecks
   std::string last_progress;
 
   while (true) {
     const std::vector<Device> devices = source->devices();
 
-    // 1. Which devices could serve this request at all, and which are healthy now.
+    // 1. Which devices could serve this request at all.
     std::vector<const Device*> pool;
     if (!request.gpus.empty()) {
       pool = resolve_explicit(devices, request.gpus);
     } else {
       for (const auto& d : devices) pool.push_back(&d);
     }
-    const std::size_t needed = request.gpus.empty() ? request.count : request.gpus.size();
-    std::vector<Candidate> candidates;
+    std::vector<const Device*> candidates;
     std::vector<std::string> never_reasons;
     for (const Device* d : pool) {
-      Candidate c{d, never_reason(*d, request), ""};
-      if (c.never.empty() && request.cuda_visible_devices &&
+      std::string never = never_reason(*d, request, config);
+      if (never.empty() && request.cuda_visible_devices &&
           !visible_under(*d, *request.cuda_visible_devices)) {
-        c.never = fmt::format("{} is outside CUDA_VISIBLE_DEVICES={}", describe(*d),
-                              sanitize_for_display(*request.cuda_visible_devices, 128));
+        never = fmt::format("{} is outside CUDA_VISIBLE_DEVICES={}", describe_device(*d),
+                            sanitize_for_display(*request.cuda_visible_devices, 128));
       }
-      if (!c.never.empty()) {
+      if (!never.empty()) {
         // Devices the caller did not name are silently unsuitable; named ones must all be usable.
-        if (!request.gpus.empty()) throw Error(ErrorCode::kUnsatisfiable, c.never);
-        never_reasons.push_back(c.never);
+        if (!request.gpus.empty()) throw Error(ErrorCode::kUnsatisfiable, never);
+        never_reasons.push_back(never);
         continue;
       }
-      c.unready = unready_reason(*d, request);
-      candidates.push_back(std::move(c));
+      candidates.push_back(d);
     }
     if (candidates.size() < needed) {
       throw unsatisfiable(
@@ -274,8 +288,13 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
                       needed == 1 ? "" : "s", candidates.size()),
           never_reasons);
     }
+    wanted.candidates.clear();
+    for (const Device* d : candidates) wanted.candidates.push_back(d->uuid);
 
-    // 2. Under the machine-wide acquire mutex: take the best free set, all or nothing.
+    // 2. Under the machine-wide acquire mutex: plan the queue; take our GPUs if it says so.
+    QueueSnapshot snapshot;
+    std::size_t me = 0;
+    bool dispatcher = false;
     {
       std::lock_guard<std::mutex> guard(acquire_mutex_);
       if (!acquire_mutex_fd_) acquire_mutex_fd_ = dir.open_acquire_mutex();
@@ -285,152 +304,161 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
         ~Unlocker() { unlock(fd); }
       } unlocker{acquire_mutex_fd_.get()};
 
-      std::vector<const Device*> free;
-      std::vector<std::string> free_uuids;
+      const QueueDirectory::Listing listing = list_queue(/*remove_dead=*/true);
+      // Holder records are read only when someone's share or limit depends on them.
+      const bool others_wait = listing.live.size() > (ticket ? 1u : 0u);
+      snapshot = plan(devices, listing, ticket ? nullptr : &wanted, others_wait || any_gpu_limit);
+      while (me < snapshot.tickets.size() && snapshot.tickets[me].id != wanted.id) ++me;
+      if (me == snapshot.tickets.size()) {
+        // Our ticket vanished (someone root removed the queue): register again.
+        ticket = OwnTicket();
+        continue;
+      }
+
+      // A lock file that cannot be used (a planted symlink, ...) rules its GPU out.
       std::size_t unusable = 0;
-      for (auto& c : candidates) {
-        if (!c.healthy()) continue;
-        const LockProbe p = probe(c.device->uuid, false);
-        if (!p.error.empty()) {  // e.g. a symlink planted under the lock file's name
-          c.never = p.error;
-          never_reasons.push_back(c.never);
+      for (const Device* d : candidates) {
+        const int g = snapshot.gpu_index(d->uuid);
+        if (g >= 0 && !snapshot.probes[g].error.empty()) {
+          never_reasons.push_back(snapshot.probes[g].error);
           ++unusable;
-          continue;
         }
-        if (p.locked) continue;
-        free.push_back(c.device);
-        free_uuids.push_back(c.device->uuid);
-        // One GPU of any: the first free one in index order is the choice; probe no further.
-        if (request.gpus.empty() && needed == 1) break;
       }
-      if (unusable > 0 && (!request.gpus.empty() || candidates.size() - unusable < needed)) {
+      if (unusable > 0 && (!request.gpus.empty() || candidates.size() - unusable < needed))
         throw unsatisfiable("cannot serve this request", never_reasons);
-      }
-      std::optional<std::vector<std::size_t>> chosen;
-      if (!request.gpus.empty()) {
-        if (free.size() == candidates.size()) {
-          chosen.emplace(free.size());
-          for (std::size_t i = 0; i < free.size(); ++i) (*chosen)[i] = i;
-        }
-      } else {
-        chosen = choose_gpus(
-            free_uuids, needed,
-            [this](const std::string& a, const std::string& b) { return source->distance(a, b); });
-      }
-      if (chosen) {
-        auto impl = std::make_unique<Lease::Impl>();
-        bool all_locked = true;
+
+      // Wake every other waiter the plan serves now; they take their GPUs themselves.
+      for (const Placement& placement : snapshot.plan.order)
+        if (placement.standing == QueueStanding::kNext && placement.request != me)
+          if (QueueDirectory* queue = queue_dir(false))
+            queue->wake(snapshot.tickets[placement.request].id);
+
+      const Placement& mine = snapshot.plan.of(me);
+      if (mine.standing == QueueStanding::kNext) {
+        std::vector<const Device*> chosen;
+        for (const auto& uuid : mine.gpus)
+          for (const Device* d : candidates)
+            if (d->uuid == uuid) chosen.push_back(d);
         bool replaced = false;
-        for (std::size_t position : *chosen) {
-          const Device& d = *free[position];
-          UniqueFd fd = dir.open_lock_file(d.uuid);
-          if (!try_lock_exclusive(fd.get())) {
-            all_locked = false;  // a process outside gpulock's protocol holds it; try again later
-            break;
-          }
-          if (!dir.is_current_lock_file(fd.get(), d.uuid)) {
-            // Deleted or replaced between our open and our lock: the lock guards nothing.
-            all_locked = false;
-            replaced = true;
-            break;
-          }
-          impl->raw_fds.push_back(fd.get());
-          impl->fds.push_back(std::move(fd));
-          impl->gpus.push_back(
-              LeasedGpu{d.index, d.display_index(), d.uuid, d.name, d.is_mig_instance()});
-        }
-        if (all_locked) {
-          impl->id = make_lease_id();
-          impl->started_at = std::chrono::system_clock::now();
-          HolderRecord& record = impl->record;
-          record.lease_id = impl->id;
-          record.uid = ::geteuid();
-          record.user = user_name(record.uid);
-          record.host = host_name();
-          record.boot_id = boot_id();
-          record.kind = HolderKind::kProcess;
-          record.holder = self_process_id();
-          record.command = request.command;
-          record.label = request.label;
-          record.started_at =
-              std::chrono::duration<double>(impl->started_at.time_since_epoch()).count();
-          for (const auto& gpu : impl->gpus) record.gpus.push_back(gpu.uuid);
-          impl->write_records();
-          return Lease(std::move(impl));
+        if (std::optional<Lease> lease = try_lock(chosen, request, replaced)) {
+          ticket.leave();  // tells the waiter behind us, which re-plans
+          return std::move(*lease);
         }
         if (replaced) continue;  // try again at once, with the file now under that name
       }
+
+      if (request.wait && !ticket) {
+        if (mine.standing == QueueStanding::kOverWaitingLimit && limits.max_waiting == 0u)
+          throw Error(ErrorCode::kUnsatisfiable,
+                      fmt::format("the GPUs are not free now, and {} may not wait in the queue "
+                                  "(max_waiting = 0 in {})",
+                                  user, config_name));
+        // Register, then plan again with the ticket in place to set up our watches.
+        wanted.seq = listing.highest_seq + 1;
+        channel.take();
+        QueueDirectory& queue = *queue_dir(true);
+        ticket = queue.enter(wanted);
+        // The oldest waiter watched the newest before us; it must watch us now.
+        if (!listing.live.empty()) queue.wake(listing.live.front().id);
+        continue;
+      }
+
+      if (ticket) {
+        // Our part in the ring of waiters (see wait_channel.h).
+        QueueDirectory& queue = *queue_dir(true);
+        const auto& live = listing.live;
+        std::size_t k = 0;
+        while (k < live.size() && live[k].id != wanted.id) ++k;
+        dispatcher = k == 0;
+        channel->watch_releases(dir.fd(), dispatcher);
+        const Ticket* watched = k > 0 ? &live[k - 1] : live.size() > 1 ? &live.back() : nullptr;
+        if (watched) {
+          // Watch first, then check it still waits, so that its leaving is never missed.
+          if (!channel->watch_ticket(queue.watch_path(watched->id)) || !queue.is_live(watched->id))
+            continue;
+        } else {
+          channel->watch_ticket("");
+        }
+      }
     }
 
-    // 3. Not served now: explain why, then sleep until a release (or a health re-check).
-    if (request.wait && !watcher) {
-      // Watch before the next check, so a release between check and sleep is not missed.
-      watcher.take();
-      continue;
+    // 3. Not served now: explain why, then sleep until our turn may have come.
+    for (std::size_t g = 0; g < snapshot.gpus.size(); ++g) {
+      // Records are skipped while planning when nobody's share depends on them; people want
+      // to know who holds what.
+      LockProbe& p = snapshot.probes[g];
+      if (p.locked && !p.record && p.error.empty()) p = probe(snapshot.gpus[g].uuid, true);
     }
-    std::vector<BlockingGpu> blocking;
-    std::string signature;  // what blocks, without the ever-changing durations
-    bool health_dependent = false;
-    std::size_t usable = 0;      // candidates not ruled out for good
-    std::string own_lease_gpus;  // held by the lease the caller runs under
-    for (const auto& c : candidates) {
-      if (!c.never.empty()) continue;
-      BlockingGpu b{c.device->display_index(), c.device->uuid, ""};
-      const LockProbe p = probe(c.device->uuid, true);
-      if (p.locked && p.record && request.enclosing_lease_id &&
-          p.record->lease_id == *request.enclosing_lease_id) {
-        own_lease_gpus += (own_lease_gpus.empty() ? "" : ", ") + c.device->display_index();
-        continue;  // will not be released while the caller runs
+    const std::vector<BlockingGpu> blocking = snapshot.blocking(me);
+    if (request.enclosing_lease_id) {
+      std::vector<std::string> own;
+      for (const Device* d : candidates) {
+        const int g = snapshot.gpu_index(d->uuid);
+        if (g < 0) continue;
+        const auto& record = snapshot.probes[g].record;
+        if (record && record->lease_id == *request.enclosing_lease_id)
+          own.push_back(d->display_index());
       }
-      ++usable;
-      if (p.locked) {
-        b.reason = p.record ? holder_summary(*p.record) : "leased (details unavailable)";
-        signature += c.device->uuid + " leased " + (p.record ? p.record->lease_id : "") + "\n";
-      } else if (!c.healthy()) {
-        b.reason = c.unready;
-        signature += c.device->uuid + " " + c.unready + "\n";
-        health_dependent = true;
-      } else {
-        continue;  // free, but not enough free ones together
+      if (candidates.size() - own.size() < needed) {
+        throw Error(ErrorCode::kUnsatisfiable,
+                    fmt::format("{} GPU{} requested, but GPU {} {} held by the lease this "
+                                "process runs under ({}, GPULOCK_LEASE_ID), which cannot end "
+                                "while it waits; use those GPUs, or run outside that lease",
+                                needed, needed == 1 ? "" : "s", fmt::join(own, ", "),
+                                own.size() == 1 ? "is" : "are", *request.enclosing_lease_id));
       }
-      blocking.push_back(std::move(b));
     }
-    if (usable < needed) {
-      throw Error(ErrorCode::kUnsatisfiable,
-                  fmt::format("{} GPU{} requested, but GPU {} {} held by the lease this process "
-                              "runs under ({}, GPULOCK_LEASE_ID), which cannot end while it "
-                              "waits; use those GPUs, or run outside that lease",
-                              needed, needed == 1 ? "" : "s", own_lease_gpus,
-                              own_lease_gpus.find(',') == std::string::npos ? "is" : "are",
-                              *request.enclosing_lease_id));
-    }
+    const Placement& mine = snapshot.plan.of(me);
+    const std::string blocked_by = snapshot.blocked_by(me, config);
+    const int position = static_cast<int>(snapshot.plan.position_of[me]) + 1;
     if (!request.wait || Clock::now() >= deadline) {
       std::string why = request.wait ? "no GPU became available within the timeout"
                                      : "the requested GPUs are not free now";
+      if (mine.standing == QueueStanding::kOverGpuLimit ||
+          mine.standing == QueueStanding::kOverWaitingLimit)
+        why += ": " + blocked_by;
       for (const auto& b : blocking) why += "\n  GPU " + b.display_index + ": " + b.reason;
+      if (request.wait)
+        why +=
+            fmt::format("\n  (position {} of {} in the queue)", position, snapshot.tickets.size());
       throw Error(ErrorCode::kTimedOut, why);
     }
     if (hooks.on_progress) {
-      if (signature != last_progress) {
+      const std::string signature = fmt::format("{}\n{}", position, blocked_by);
+      if (signature != last_progress || hooks.progress_refresh) {
         last_progress = signature;
-        hooks.on_progress(WaitProgress{Clock::now() - start, blocking});
+        hooks.on_progress(WaitProgress{Clock::now() - start, blocking, position,
+                                       static_cast<int>(snapshot.tickets.size()), mine.standing,
+                                       blocked_by});
       }
     }
-    auto sleep =
-        health_dependent ? options.health_recheck_interval : options.safety_recheck_interval;
-    if (hooks.interrupted) sleep = std::min(sleep, hooks.interrupt_poll);
+
+    // Only the dispatcher follows releases and GPU health; the others sleep until woken.
+    auto sleep = !dispatcher                   ? options.safety_recheck_interval * 6
+                 : snapshot.health_dependent() ? options.health_recheck_interval
+                                               : options.safety_recheck_interval;
     if (quick_rechecks > 0) {
       sleep = std::min(sleep, kQuickRechecks[std::size(kQuickRechecks) - quick_rechecks]);
       --quick_rechecks;
     }
-    if (deadline != Clock::time_point::max()) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      sleep = std::clamp(left + std::chrono::milliseconds(1), std::chrono::milliseconds(0), sleep);
+    const auto wake_at = Clock::now() + sleep;
+    while (true) {
+      auto slice = std::chrono::duration_cast<std::chrono::milliseconds>(wake_at - Clock::now());
+      if (hooks.interrupted) slice = std::min(slice, hooks.interrupt_poll);
+      if (hooks.progress_refresh) slice = std::min(slice, *hooks.progress_refresh);
+      if (deadline != Clock::time_point::max()) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        slice = std::min(slice, left + std::chrono::milliseconds(1));
+      }
+      slice = std::max(slice, std::chrono::milliseconds(0));
+      const WaitChannel::Wakeup woke = channel->wait(ticket.wake_fd(), slice);
+      if (hooks.interrupted && hooks.interrupted())
+        throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
+      if (woke.release) quick_rechecks = static_cast<int>(std::size(kQuickRechecks));
+      const auto now = Clock::now();
+      if (!woke.timed_out() || now >= wake_at || now >= deadline || hooks.progress_refresh) break;
     }
-    if (watcher->wait(sleep)) quick_rechecks = static_cast<int>(std::size(kQuickRechecks));
-    if (hooks.interrupted && hooks.interrupted())
-      throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
   }
 }
 
@@ -450,6 +478,12 @@ Lease GpuPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
 PoolStatus GpuPool::status() {
   return impl_->status();
 }
+QueueStatus GpuPool::queue() {
+  return impl_->queue_status();
+}
+const Config& GpuPool::config() const {
+  return impl_->config;
+}
 std::vector<Device> GpuPool::devices() {
   return impl_->source->devices();
 }
@@ -460,6 +494,7 @@ void GpuPool::prepare() {
   std::vector<std::string> uuids;
   for (const auto& device : impl_->source->devices()) uuids.push_back(device.uuid);
   impl_->dir.prepare(uuids);
+  impl_->queue_dir(true)->prepare();
 }
 DeviceSource& GpuPool::device_source() {
   return *impl_->source;

@@ -2,16 +2,20 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "gpulock/config.hpp"
 #include "gpulock/gpu_pool.hpp"
 #include "local/holder_record.h"
 #include "local/lock_directory.h"
-#include "local/release_watcher.h"
+#include "queue/queue_directory.h"
+#include "queue/schedule.h"
+#include "queue/wait_channel.h"
 #include "util/fd.h"
 
 namespace gpulock {
@@ -23,49 +27,95 @@ struct LockProbe {
   std::string error;                   // the lock file is unusable (planted symlink, ...)
 };
 
+// "leased by alice since 12:03:04 (lease 3f…, 'sweep')".
+std::string holder_summary(const HolderRecord& record);
+
+// The queue planned from the files: the tickets (the plan's requests, in the same order), the
+// machine's GPUs as the plan saw them, and the plan.
+struct QueueSnapshot {
+  std::vector<Ticket> tickets;
+  std::vector<PlannedGpu> gpus;
+  std::vector<LockProbe> probes;       // parallel to gpus
+  std::vector<std::string> gpu_names;  // parallel to gpus: "0", "1:0"
+  // Parallel to tickets: why each unhealthy candidate fails that ticket's filters, by UUID.
+  std::vector<std::map<std::string, std::string>> unhealthy_reasons;
+  Plan plan;
+  std::vector<std::string> warnings;
+
+  // Index of a GPU by UUID, or -1.
+  int gpu_index(const std::string& uuid) const;
+  // One line per obstacle of a waiting ticket, and the summary of its standing, for people.
+  std::vector<BlockingGpu> blocking(std::size_t ticket) const;
+  std::string blocked_by(std::size_t ticket, const Config& config) const;
+  bool health_dependent() const;  // some waiter lacks a GPU only because of its health
+};
+
 class GpuPool::Impl {
  public:
   Impl(std::unique_ptr<DeviceSource> source, PoolOptions options);
 
   Lease acquire(const LeaseRequest& request, const WaitHooks& hooks);
+  // Locks exactly these GPUs and writes the holder records; nullopt if one is locked outside
+  // gpulock's protocol, or `replaced` if a lock file was swapped meanwhile.
+  // REQUIRES: the acquire mutex is held.
+  std::optional<Lease> try_lock(const std::vector<const Device*>& chosen,
+                                const LeaseRequest& request, bool& replaced);
   PoolStatus status();
   void release(const std::string& lease_id);
 
   LockProbe probe(const std::string& uuid, bool with_record) const;
 
+  // Plans the queue: the live tickets of `listing`, plus `newcomer` (a request not registered
+  // yet, placed as if it registered now) when given. `devices` is a fresh inventory.
+  QueueSnapshot plan(const std::vector<Device>& devices, const QueueDirectory::Listing& listing,
+                     const Ticket* newcomer, bool with_records);
+  QueueStatus queue_status();
+  // The user name of a uid, cached: planning asks for it often.
+  const std::string& user_of(uid_t uid);
+
   // Locks the machine-wide acquire mutex, or throws kTimedOut at `give_up`.
   // REQUIRES: acquire_mutex_ held, acquire_mutex_fd_ open.
   void take_acquire_mutex(std::chrono::steady_clock::time_point give_up);
 
-  // A ReleaseWatcher lent to one waiting acquire() and given back to the pool afterwards.
-  // Watchers are kept for the pool's lifetime because closing an inotify descriptor blocks for
+  // A WaitChannel lent to one waiting acquire() and given back to the pool afterwards.
+  // Channels are kept for the pool's lifetime because closing an inotify descriptor blocks for
   // a kernel grace period (milliseconds), which would delay every acquire() that waited.
-  class WatcherLoan {
+  class ChannelLoan {
    public:
-    explicit WatcherLoan(Impl& pool) : pool_(pool) {}
-    ~WatcherLoan();
-    WatcherLoan(const WatcherLoan&) = delete;
-    WatcherLoan& operator=(const WatcherLoan&) = delete;
+    explicit ChannelLoan(Impl& pool) : pool_(pool) {}
+    ~ChannelLoan();
+    ChannelLoan(const ChannelLoan&) = delete;
+    ChannelLoan& operator=(const ChannelLoan&) = delete;
     void take();
-    explicit operator bool() const { return watcher_ != nullptr; }
-    ReleaseWatcher* operator->() { return watcher_.get(); }
+    explicit operator bool() const { return channel_ != nullptr; }
+    WaitChannel* operator->() { return channel_.get(); }
 
    private:
     Impl& pool_;
-    std::unique_ptr<ReleaseWatcher> watcher_;
+    std::unique_ptr<WaitChannel> channel_;
   };
 
   std::unique_ptr<DeviceSource> source;
   PoolOptions options;
+  Config config;
   LockDirectory dir;
+  // The queue directory, opened on first use. Without `create`, nullptr while it does not
+  // exist (nobody has waited yet, or the lock directory is read-only to us).
+  QueueDirectory* queue_dir(bool create);
+  // Its live tickets; empty when there is no queue directory.
+  QueueDirectory::Listing list_queue(bool remove_dead);
 
  private:
   // Serialises acquisitions: threads of this process via the mutex, all processes of the
   // machine via an OFD lock on the directory's acquire mutex file.
   std::mutex acquire_mutex_;
   UniqueFd acquire_mutex_fd_;
-  std::mutex watchers_mutex_;
-  std::vector<std::unique_ptr<ReleaseWatcher>> idle_watchers_;
+  std::mutex queue_dir_mutex_;
+  std::unique_ptr<QueueDirectory> queue_dir_;
+  std::mutex channels_mutex_;
+  std::vector<std::unique_ptr<WaitChannel>> idle_channels_;
+  std::mutex user_names_mutex_;
+  std::map<uid_t, std::string> user_names_;
 };
 
 }  // namespace gpulock

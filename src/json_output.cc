@@ -40,6 +40,23 @@ json device_json(const Device& d) {
           {"processes", processes}};
 }
 
+json queue_entry_json(const QueueEntry& e) {
+  return {{"position", e.position},
+          {"ticket_id", e.ticket_id},
+          {"user", e.user},
+          {"uid", e.uid},
+          {"pid", e.pid},
+          {"priority", priority_name(e.priority)},
+          {"gpus_requested", e.gpus_requested},
+          {"gpus_named", e.gpus_named},
+          {"label", e.label},
+          {"command", e.command},
+          {"waiting_since", unix_seconds(e.waiting_since)},
+          {"standing", queue_standing_name(e.standing)},
+          {"reserved_gpus", e.reserved_gpus},
+          {"blocked_by", e.blocked_by}};
+}
+
 std::string dump(const json& j) {
   return j.dump(2, ' ', false, json::error_handler_t::replace);
 }
@@ -63,6 +80,7 @@ std::string status_to_json(const PoolStatus& status) {
     entry["processes"] = processes;
     entry["lease_id"] = nullptr;
     entry["holder"] = nullptr;
+    entry["reserved_for"] = g.reserved_for ? queue_entry_json(*g.reserved_for) : json(nullptr);
     if (g.holder) {
       const HolderInfo& h = *g.holder;
       entry["lease_id"] = h.lease_id;
@@ -89,7 +107,18 @@ std::string status_to_json(const PoolStatus& status) {
                {"lock_dir", status.lock_dir},
                {"taken_at", now},
                {"warnings", status.warnings},
+               {"queue", {{"length", status.queue_length}, {"policy", status.queue_policy}}},
                {"gpus", gpus}});
+}
+
+std::string queue_to_json(const QueueStatus& queue) {
+  json entries = json::array();
+  for (const auto& e : queue.entries) entries.push_back(queue_entry_json(e));
+  return dump({{"schema_version", kJsonSchemaVersion},
+               {"policy", queue.policy},
+               {"config", queue.config_source.empty() ? json(nullptr) : json(queue.config_source)},
+               {"warnings", queue.warnings},
+               {"waiting", entries}});
 }
 
 std::string devices_to_json(const std::vector<Device>& devices, const std::string& device_source,

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "device_fitness.h"
 #include "gpu_pool_impl.h"
 #include "gpulock/error.hpp"
 #include "process/process_identity.h"
@@ -103,9 +104,23 @@ PoolStatus GpuPool::Impl::status() {
         gpu.holder) {
       gpu.note = "processes outside the lease are using this GPU";
     }
+    if (excluded_by_config(device, config)) {
+      gpu.state = GpuState::kExcluded;
+      gpu.note = "excluded by the administrator (" + config.source + ")";
+    }
     gpu.device = std::move(device);
     status.gpus.push_back(std::move(gpu));
   }
+
+  const QueueStatus queue_now = queue_status();
+  status.queue_length = static_cast<int>(queue_now.entries.size());
+  status.queue_policy = queue_now.policy;
+  status.warnings.insert(status.warnings.end(), queue_now.warnings.begin(),
+                         queue_now.warnings.end());
+  for (const auto& entry : queue_now.entries)
+    for (const auto& uuid : entry.reserved_gpus)
+      for (auto& gpu : status.gpus)
+        if (gpu.device.uuid == uuid && gpu.state == GpuState::kFree) gpu.reserved_for = entry;
   return status;
 }
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "gpulock/config.hpp"
 #include "gpulock/device_source.hpp"
 #include "gpulock/lease.hpp"
 #include "gpulock/request.hpp"
@@ -31,8 +32,12 @@ struct PoolOptions {
   // which no event announces, readings are refreshed this often. Releases of leases wake
   // waiters at once and do not depend on it.
   std::chrono::milliseconds health_recheck_interval{2000};
-  // A safety re-check while waiting on leases only, in case an event was missed.
+  // A safety re-check while waiting on leases only, in case an event was missed. Only the
+  // queue's dispatcher (its oldest waiter) uses it; the others re-check 6 times less often.
   std::chrono::milliseconds safety_recheck_interval{10000};
+  // The administrator's settings; load_config() (GPULOCK_CONFIG or /etc/gpulock/config.toml)
+  // when unset.
+  std::optional<Config> config;
 };
 
 class GpuPool {
@@ -50,8 +55,12 @@ class GpuPool {
   // hooks.interrupted() asked to stop.
   Lease acquire(const LeaseRequest& request, const WaitHooks& hooks = {});
 
-  // Every device with its state, holder and processes. Takes no lock.
+  // Every device with its state, holder and processes, and the queue's length. Takes no lock.
   PoolStatus status();
+
+  // The waiting requests in serving order, with what each waits for. Takes no lock.
+  QueueStatus queue();
+  const Config& config() const;
 
   // A fresh device inventory.
   std::vector<Device> devices();

@@ -1,4 +1,4 @@
-// The JSON documents of `gpulock status --json` and `gpulock gpus --json`.
+// The JSON documents of `gpulock status --json`, `gpulock queue --json` and `gpulock gpus --json`.
 //
 // Their shape is a stable, documented contract (docs/json.md); each carries "schema_version".
 // Fields are only ever added within a schema version, never renamed or removed.
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gpulock/device.hpp"
+#include "gpulock/queue.hpp"
 #include "gpulock/status.hpp"
 
 namespace gpulock {
@@ -15,6 +16,9 @@ namespace gpulock {
 inline constexpr int kJsonSchemaVersion = 1;
 
 std::string status_to_json(const PoolStatus& status);
+
+// `gpulock queue --json`.
+std::string queue_to_json(const QueueStatus& queue);
 
 std::string devices_to_json(const std::vector<Device>& devices, const std::string& device_source,
                             bool simulated);

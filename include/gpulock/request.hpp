@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "gpulock/queue.hpp"
+
 namespace gpulock {
 
 struct LeaseRequest {
@@ -37,6 +39,9 @@ struct LeaseRequest {
   bool wait = true;
   std::optional<std::chrono::milliseconds> timeout;
 
+  // Low priority requests are served after every normal one (background sweeps).
+  Priority priority = Priority::kNormal;
+
   // Shown by `gpulock status`.
   std::string label;
   std::string command;  // what the lease is for, e.g. the command line of `gpulock run`
@@ -53,11 +58,19 @@ struct BlockingGpu {
 struct WaitProgress {
   std::chrono::steady_clock::duration waited{};
   std::vector<BlockingGpu> blocking;
+  // The request's place in the machine's queue (1 = next), and how many requests wait in all.
+  int position = 0;
+  int queue_length = 0;
+  QueueStanding standing = QueueStanding::kWaiting;
+  std::string blocked_by;  // one line: what the request waits for
 };
 
 struct WaitHooks {
-  // Called when the wait starts and whenever what blocks the request changes.
+  // Called when the wait starts and whenever what blocks the request (or its place) changes.
   std::function<void(const WaitProgress&)> on_progress;
+  // When set, the waiter also refreshes its progress this often (a live display's clock),
+  // re-reading its place in the queue.
+  std::optional<std::chrono::milliseconds> progress_refresh;
   // Polled at least every `interrupt_poll` while waiting; returning true stops the wait with
   // ErrorCode::kInterrupted (used by the Python binding for Ctrl-C).
   std::function<bool()> interrupted;

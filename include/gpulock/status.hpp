@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gpulock/device.hpp"
+#include "gpulock/queue.hpp"
 
 namespace gpulock {
 
@@ -49,6 +50,8 @@ struct GpuStatus {
   std::optional<HolderInfo> holder;
   std::vector<ProcessOnGpu> processes;
   std::string note;  // why excluded, or a warning about the GPU
+  // A free GPU held back by the queue for a waiting multi-GPU request.
+  std::optional<QueueEntry> reserved_for;
 };
 
 struct PoolStatus {
@@ -60,6 +63,8 @@ struct PoolStatus {
   std::chrono::system_clock::time_point taken_at;
   std::vector<GpuStatus> gpus;
   std::vector<std::string> warnings;
+  int queue_length = 0;      // requests waiting in the machine's queue
+  std::string queue_policy;  // "fair-share" or "fifo"
 };
 
 }  // namespace gpulock

@@ -21,6 +21,7 @@ struct RequestOptions {
   std::string timeout;
   bool no_wait = false;
   std::string label;
+  std::string priority = "normal";
   std::string visible = "index";
   bool verbose = false;
 
@@ -35,6 +36,7 @@ void add_run_command(CLI::App& app, int* exit_status);
 void add_acquire_command(CLI::App& app, int* exit_status);
 void add_release_command(CLI::App& app, int* exit_status);
 void add_status_command(CLI::App& app, int* exit_status);
+void add_queue_command(CLI::App& app, int* exit_status);
 void add_gpus_command(CLI::App& app, int* exit_status);
 void add_init_command(CLI::App& app, int* exit_status);
 

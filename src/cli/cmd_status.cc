@@ -23,6 +23,10 @@ std::string holder_text(const GpuStatus& g, std::chrono::system_clock::time_poin
     return text;
   }
   std::string text;
+  if (g.reserved_for)
+    text =
+        fmt::format("reserved for {}'s {}-GPU request (queue position {}) ", g.reserved_for->user,
+                    g.reserved_for->gpus_requested, g.reserved_for->position);
   for (const auto& p : g.processes) {
     if (!p.foreign) continue;
     text += fmt::format("{}pid {}{}", text.empty() ? "foreign: " : ", ", p.pid,
@@ -40,13 +44,16 @@ void print_table(const PoolStatus& status) {
              "HOLDER (user, lease, held for, [label], command)");
   for (const auto& g : status.gpus) {
     const auto& d = g.device;
-    fmt::print("{:<5} {:<9} {:<16} {:>5}  {}\n", d.display_index(), gpu_state_name(g.state),
-               memory_text(d),
+    const std::string state = g.reserved_for ? "reserved" : gpu_state_name(g.state);
+    fmt::print("{:<5} {:<9} {:<16} {:>5}  {}\n", d.display_index(), state, memory_text(d),
                d.utilization_percent ? fmt::format("{}%", *d.utilization_percent) : "?",
                holder_text(g, status.taken_at));
     if (g.holder && !g.note.empty()) fmt::print("      note: {}\n", g.note);
   }
   if (status.gpus.empty()) fmt::print("(no GPUs)\n");
+  fmt::print("queue: {} request{} waiting ({}){}\n", status.queue_length,
+             status.queue_length == 1 ? "" : "s", status.queue_policy,
+             status.queue_length > 0 ? "; `gpulock queue` lists them" : "");
 }
 
 }  // namespace

@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   cli::add_acquire_command(app, &exit_status);
   cli::add_release_command(app, &exit_status);
   cli::add_status_command(app, &exit_status);
+  cli::add_queue_command(app, &exit_status);
   cli::add_gpus_command(app, &exit_status);
   cli::add_init_command(app, &exit_status);
   app.add_subcommand("version", "Print gpulock's version")->callback([] {

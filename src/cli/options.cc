@@ -52,6 +52,11 @@ void RequestOptions::add_to(CLI::App& command) {
       command.add_flag("--no-wait", no_wait, "Fail at once if the GPUs are not free");
   timeout_option->excludes(no_wait_option);
   command.add_option("--label", label, "A note shown by `gpulock status`");
+  command
+      .add_option("--priority", priority,
+                  "normal, or low: wait behind every normal request (background sweeps)")
+      ->check(CLI::IsMember({"normal", "low"}))
+      ->capture_default_str();
   command.add_option("--visible", visible, "How CUDA_VISIBLE_DEVICES names GPUs: index or uuid")
       ->check(CLI::IsMember({"index", "uuid"}))
       ->capture_default_str();
@@ -69,6 +74,7 @@ LeaseRequest RequestOptions::to_request() const {
   if (!timeout.empty()) request.timeout = parse_duration(timeout);
   request.wait = !no_wait;
   request.label = label;
+  request.priority = parse_priority(priority);
   if (const char* visible_now = std::getenv("CUDA_VISIBLE_DEVICES"); visible_now != nullptr)
     request.cuda_visible_devices = visible_now;
   if (const char* lease = std::getenv("GPULOCK_LEASE_ID"); lease != nullptr && *lease != '\0')

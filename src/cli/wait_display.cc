@@ -14,24 +14,22 @@ struct DisplayState {
   std::string what;
   bool terminal = false;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
-  std::string blocking;  // the current reasons, one line
+  std::string place;     // "position 2 of 5"
+  std::string blocking;  // what it waits for, one line
   bool shown = false;
 };
 
-std::string summarize(const WaitProgress& progress) {
-  std::string text;
-  for (const auto& b : progress.blocking) {
-    if (!text.empty()) text += "; ";
-    text += b.reason.starts_with("GPU ") ? b.reason : "GPU " + b.display_index + " " + b.reason;
-  }
-  return text;
+std::string place_text(const WaitProgress& progress) {
+  if (progress.queue_length <= 0) return "";
+  return fmt::format("position {} of {}", progress.position, progress.queue_length);
 }
 
 void redraw(DisplayState& state) {
   const auto waited = std::chrono::duration_cast<std::chrono::seconds>(
       std::chrono::steady_clock::now() - state.started);
-  std::string line = fmt::format("gpulock: waiting {} for {}: {}", format_duration(waited),
-                                 state.what, state.blocking);
+  std::string line =
+      fmt::format("gpulock: waiting {} for {}{}: {}", format_duration(waited), state.what,
+                  state.place.empty() ? "" : ", " + state.place, state.blocking);
   if (line.size() > 160) line = line.substr(0, 157) + "...";
   fmt::print(stderr, "\r\033[K{}", line);
   std::fflush(stderr);
@@ -46,21 +44,20 @@ WaitHooks make_wait_display(const std::string& what) {
   state->terminal = ::isatty(STDERR_FILENO) != 0;
   WaitHooks hooks;
   hooks.on_progress = [state](const WaitProgress& progress) {
-    state->blocking = summarize(progress);
+    const std::string place = place_text(progress);
     if (state->terminal) {
+      state->place = place;
+      state->blocking = progress.blocked_by;
       redraw(*state);
-    } else {
-      fmt::print(stderr, "gpulock: waiting for {}: {}\n", state->what, state->blocking);
+    } else if (progress.blocked_by != state->blocking || place != state->place) {
+      state->place = place;
+      state->blocking = progress.blocked_by;
+      fmt::print(stderr, "gpulock: waiting for {}{}: {}\n", state->what,
+                 place.empty() ? "" : ", " + place, state->blocking);
     }
   };
-  if (state->terminal) {
-    // Polled while waiting: refresh the elapsed time about once a second.
-    hooks.interrupt_poll = std::chrono::milliseconds(1000);
-    hooks.interrupted = [state] {
-      if (state->shown) redraw(*state);
-      return false;
-    };
-  }
+  // On a terminal, a live line: re-read the place in the queue and redraw about once a second.
+  if (state->terminal) hooks.progress_refresh = std::chrono::milliseconds(1000);
   return hooks;
 }
 

@@ -1,0 +1,24 @@
+// Whether a device can serve a request: never (whatever happens), or not now (its health).
+#pragma once
+
+#include <string>
+
+#include "gpulock/config.hpp"
+#include "gpulock/device.hpp"
+#include "gpulock/request.hpp"
+
+namespace gpulock {
+
+// "GPU 3" or "GPU 0:1".
+std::string describe_device(const Device& device);
+
+// True if the administrator's config excludes the device (by index, UUID or prefix, or name).
+bool excluded_by_config(const Device& device, const Config& config);
+
+// Why the device can never serve the request: "" if it can.
+std::string never_reason(const Device& device, const LeaseRequest& request, const Config& config);
+
+// Why the device cannot serve the request now (health filters, foreign processes): "" if it can.
+std::string unready_reason(const Device& device, const LeaseRequest& request);
+
+}  // namespace gpulock

@@ -1,0 +1,258 @@
+// The queue directory: registering waiters, listing the live ones, waking one of them.
+#include "queue/queue_directory.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "gpulock/error.hpp"
+#include "local/gpu_lock_file.h"
+#include "util/random_id.h"
+
+namespace gpulock {
+namespace {
+
+constexpr const char* kTicketSuffix = ".ticket";
+constexpr const char* kWakeSuffix = ".wake";
+constexpr mode_t kTicketMode = 0644;  // everyone reads the queue; only the waiter writes
+constexpr mode_t kWakeMode = 0622;    // everyone may wake the waiter
+
+std::string ticket_name(const std::string& id) {
+  return id + kTicketSuffix;
+}
+std::string wake_name(const std::string& id) {
+  return id + kWakeSuffix;
+}
+
+// The id in "<id><suffix>", or "" if the name is not of that form.
+std::string id_of(const std::string& name, std::string_view suffix) {
+  if (!name.ends_with(suffix)) return "";
+  std::string id = name.substr(0, name.size() - suffix.size());
+  return is_lease_id(id) ? id : "";
+}
+
+// Keeps descriptors 0-2 free: a caller running with stdio closed would otherwise take a ticket
+// for its standard output.
+UniqueFd above_stdio(UniqueFd fd) {
+  if (!fd || fd.get() > 2) return fd;
+  return UniqueFd(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3));
+}
+
+std::string read_bounded(int fd) {
+  std::string bytes(kMaxTicketSize + 1, '\0');
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t n = ::pread(fd, bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  bytes.resize(got);
+  return bytes;
+}
+
+}  // namespace
+
+OwnTicket& OwnTicket::operator=(OwnTicket&& other) noexcept {
+  if (this != &other) {
+    leave();
+    dir_fd_ = other.dir_fd_;
+    ticket_ = std::move(other.ticket_);
+    ticket_fd_ = std::move(other.ticket_fd_);
+    wake_fd_ = std::move(other.wake_fd_);
+  }
+  return *this;
+}
+
+void OwnTicket::drain_wakeups() const {
+  char buffer[256];
+  while (wake_fd_ && ::read(wake_fd_.get(), buffer, sizeof buffer) > 0) {
+  }
+}
+
+void OwnTicket::leave() {
+  if (!ticket_fd_) return;
+  // Unlink first, then close: whoever watches the ticket is told by the close, and by then the
+  // ticket is gone from the listing.
+  ::unlinkat(dir_fd_, ticket_name(ticket_.id).c_str(), 0);
+  ::unlinkat(dir_fd_, wake_name(ticket_.id).c_str(), 0);
+  ticket_fd_.reset();
+  wake_fd_.reset();
+}
+
+std::unique_ptr<QueueDirectory> QueueDirectory::open(const LockDirectory& locks, bool create) {
+  const std::filesystem::path path = locks.path() / "queue";
+  bool created = false;
+  if (::mkdirat(locks.fd(), "queue", 0700) == 0) {
+    created = true;
+  } else if (errno == ENOENT || errno == EACCES || errno == EPERM || errno == EROFS) {
+    struct stat st {};
+    if (::fstatat(locks.fd(), "queue", &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (!create) return nullptr;
+      throw Error(ErrorCode::kEnvironment,
+                  fmt::format("cannot create the queue directory {}: {}; the lock directory "
+                              "must be writable by every user (mode 1777), or created by "
+                              "`gpulock init`",
+                              path.string(), std::strerror(errno)));
+    }
+  }
+  auto queue = std::unique_ptr<QueueDirectory>(new QueueDirectory(LockDirectory::open(path)));
+  if (created && ::fchmod(queue->fd(), 01777) != 0)
+    throw Error(
+        ErrorCode::kEnvironment,
+        errno_message("cannot set mode 1777 on the queue directory " + path.string(), errno));
+  return queue;
+}
+
+QueueDirectory::Listing QueueDirectory::list(bool remove_dead) const {
+  Listing listing;
+  const int dup_fd = ::fcntl(fd(), F_DUPFD_CLOEXEC, 3);
+  DIR* dir = dup_fd >= 0 ? ::fdopendir(dup_fd) : nullptr;
+  if (dir == nullptr) {
+    if (dup_fd >= 0) ::close(dup_fd);
+    throw Error(ErrorCode::kEnvironment,
+                errno_message("cannot read the queue directory " + path().string(), errno));
+  }
+  // The duplicate shares its file offset with our descriptor: start from the beginning.
+  ::rewinddir(dir);
+  const uid_t me = ::geteuid();
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(dir)) names.emplace_back(entry->d_name);
+  ::closedir(dir);
+
+  std::vector<std::string> ticket_ids;
+  for (const auto& name : names) {
+    const std::string id = id_of(name, kTicketSuffix);
+    if (id.empty()) continue;
+    ticket_ids.push_back(id);
+    UniqueFd file(
+        ::openat(fd(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+    if (!file) continue;  // gone meanwhile, or a planted symlink
+    struct stat st {};
+    if (::fstat(file.get(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    const bool live = is_locked_elsewhere(file.get());
+    const std::optional<Ticket> ticket = cached_ticket(id, file.get(), st);
+    if (ticket && ticket->id == id)
+      listing.highest_seq = std::max(listing.highest_seq, ticket->seq);
+    if (live) {
+      // A ticket counts for the user who owns the file, whatever it claims.
+      if (ticket && ticket->id == id && ticket->uid == st.st_uid) {
+        listing.live.push_back(*ticket);
+      } else {
+        listing.warnings.push_back(fmt::format(
+            "ignoring queue entry {} (owner uid {}): it is not a valid ticket", name, st.st_uid));
+      }
+    } else if (remove_dead && (st.st_uid == me || me == 0)) {
+      ::unlinkat(fd(), name.c_str(), 0);
+      ::unlinkat(fd(), wake_name(id).c_str(), 0);
+    }
+  }
+  if (remove_dead) {
+    // A wake FIFO without a ticket: left by a waiter killed while it registered.
+    for (const auto& name : names) {
+      const std::string id = id_of(name, kWakeSuffix);
+      if (id.empty() || std::find(ticket_ids.begin(), ticket_ids.end(), id) != ticket_ids.end())
+        continue;
+      struct stat st {};
+      if (::fstatat(fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+          (st.st_uid == me || me == 0))
+        ::unlinkat(fd(), name.c_str(), 0);
+    }
+  }
+  std::sort(listing.live.begin(), listing.live.end(),
+            [](const Ticket& a, const Ticket& b) { return a.seq < b.seq; });
+  return listing;
+}
+
+std::optional<Ticket> QueueDirectory::cached_ticket(const std::string& id, int fd,
+                                                    const struct stat& st) const {
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  auto it = cache_.find(id);
+  // Cache only complete tickets: a ticket being registered is empty for a moment.
+  if (it != cache_.end() && it->second.inode == st.st_ino && it->second.ticket)
+    return it->second.ticket;
+  std::optional<Ticket> ticket = parse_ticket(read_bounded(fd));
+  if (cache_.size() > 4096) cache_.clear();
+  cache_[id] = CachedTicket{st.st_ino, ticket};
+  return ticket;
+}
+
+bool QueueDirectory::is_live(const std::string& ticket_id) const {
+  UniqueFd file(::openat(fd(), ticket_name(ticket_id).c_str(),
+                         O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  struct stat st {};
+  return file && ::fstat(file.get(), &st) == 0 && S_ISREG(st.st_mode) &&
+         is_locked_elsewhere(file.get());
+}
+
+OwnTicket QueueDirectory::enter(const Ticket& ticket) const {
+  const auto fail = [&](const std::string& what, int e) {
+    ::unlinkat(fd(), ticket_name(ticket.id).c_str(), 0);
+    ::unlinkat(fd(), wake_name(ticket.id).c_str(), 0);
+    throw Error(ErrorCode::kEnvironment,
+                fmt::format("cannot join the queue in {}: {}: {}{}", path().string(), what,
+                            std::strerror(e), e == ENOSPC ? " (the disk is full)" : ""));
+  };
+  OwnTicket own;
+  own.dir_fd_ = fd();
+  own.ticket_ = ticket;
+
+  // The wake FIFO first: once the ticket is visible, others may wake us.
+  const std::string wake = wake_name(ticket.id);
+  if (::mkfifoat(fd(), wake.c_str(), 0600) != 0) fail("cannot create " + wake, errno);
+  // Read-write, so the FIFO always has a writer: it never reports end-of-file.
+  own.wake_fd_ = above_stdio(UniqueFd(
+      ::openat(fd(), wake.c_str(), O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY)));
+  struct stat st {};
+  if (!own.wake_fd_ || ::fstat(own.wake_fd_.get(), &st) != 0 || !S_ISFIFO(st.st_mode))
+    fail("cannot open " + wake, errno);
+  if (::fchmod(own.wake_fd_.get(), kWakeMode) != 0) fail("cannot set the mode of " + wake, errno);
+
+  const std::string name = ticket_name(ticket.id);
+  own.ticket_fd_ = above_stdio(UniqueFd(::openat(
+      fd(), name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600)));
+  if (!own.ticket_fd_) fail("cannot create " + name, errno);
+  if (::fchmod(own.ticket_fd_.get(), kTicketMode) != 0)
+    fail("cannot set the mode of " + name, errno);
+  if (!try_lock_exclusive(own.ticket_fd_.get())) fail("cannot lock " + name, EAGAIN);
+  const std::string bytes = serialize_ticket(ticket);
+  std::size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(own.ticket_fd_.get(), bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("cannot write " + name, n < 0 ? errno : ENOSPC);
+    written += static_cast<std::size_t>(n);
+  }
+  return own;
+}
+
+void QueueDirectory::wake(const std::string& ticket_id) const {
+  // Non-blocking: with no reader (the waiter is gone) the open fails with ENXIO at once.
+  UniqueFd fifo(::openat(fd(), wake_name(ticket_id).c_str(),
+                         O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY));
+  if (!fifo) return;
+  struct stat st {};
+  if (::fstat(fifo.get(), &st) != 0 || !S_ISFIFO(st.st_mode)) return;
+  const char byte = 1;
+  [[maybe_unused]] const ssize_t ignored = ::write(fifo.get(), &byte, 1);  // full: already woken
+}
+
+std::string QueueDirectory::watch_path(const std::string& ticket_id) const {
+  return "/proc/self/fd/" + std::to_string(fd()) + "/" + ticket_name(ticket_id);
+}
+
+void QueueDirectory::prepare() const {
+  if (::geteuid() == 0 && (::fchown(fd(), 0, 0) != 0 || ::fchmod(fd(), 01777) != 0))
+    throw Error(ErrorCode::kEnvironment,
+                errno_message("cannot make " + path().string() + " root-owned", errno));
+  list(/*remove_dead=*/true);
+}
+
+}  // namespace gpulock

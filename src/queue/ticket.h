@@ -1,0 +1,48 @@
+// Ticket: a waiting request as it is registered in the machine's queue directory.
+//
+// A waiter writes its ticket once, at registration, and keeps the file locked while it waits;
+// everyone else reads it to plan the queue. Anyone could plant a file in the shared queue
+// directory, so a ticket read back is untrusted: parse_ticket() validates every field and bounds
+// every string and list, and returns nullopt for anything malformed.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpulock/queue.hpp"
+#include "process/process_identity.h"
+
+namespace gpulock {
+
+struct Ticket {
+  std::string id;         // make_lease_id(): also names the files
+  std::uint64_t seq = 0;  // arrival order on this machine
+  uid_t uid = 0;
+  std::string user;
+  ProcessId process;       // the waiting process
+  double enqueued_at = 0;  // seconds since the Unix epoch
+  Priority priority = Priority::kNormal;
+  unsigned needed = 1;
+  bool named_gpus = false;              // the request named its GPUs (needs all candidates)
+  std::vector<std::string> candidates;  // UUIDs it may ever use, in preference order
+  // Health filters, for other processes to judge which free GPUs this request can use now.
+  std::optional<std::uint64_t> min_free_memory_bytes;
+  std::optional<unsigned> max_utilization_percent;
+  std::optional<double> max_power_watts;
+  bool allow_foreign_processes = false;
+  std::string label;
+  std::string command;
+};
+
+// At most this many bytes are read from a ticket file.
+inline constexpr std::size_t kMaxTicketSize = 64 * 1024;
+
+std::string serialize_ticket(const Ticket& ticket);
+std::optional<Ticket> parse_ticket(std::string_view bytes);
+
+}  // namespace gpulock

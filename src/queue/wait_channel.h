@@ -1,0 +1,55 @@
+// WaitChannel: what a waiting request sleeps on, so that only the waiter whose turn it is wakes.
+//
+// A waiter sleeps on three sources, set as its role in the queue requires:
+//   - its own wake FIFO (OwnTicket::wake_fd): another process planned the queue and found this
+//     waiter served, or wants it to look again;
+//   - the ticket of one other waiter (inotify IN_CLOSE_WRITE): the waiters form a ring in
+//     arrival order, each watching the one that arrived before it (the oldest watches the
+//     newest), so when any waiter leaves the queue, dies included, exactly one other wakes,
+//     re-plans and wakes whoever that makes served;
+//   - for the oldest waiter only (the dispatcher), the lock directory (IN_CLOSE_WRITE on lock
+//     files): a lease ended, so it re-plans and wakes whoever is served.
+// Everyone else stays asleep. Without inotify (per-user limits reached) it polls every 100 ms.
+// Closing an inotify descriptor blocks for a kernel grace period: GpuPool keeps channels for
+// reuse, and reset() makes one fresh for the next waiter.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "util/fd.h"
+
+namespace gpulock {
+
+class WaitChannel {
+ public:
+  WaitChannel();
+  WaitChannel(const WaitChannel&) = delete;
+  WaitChannel& operator=(const WaitChannel&) = delete;
+
+  // Watches the lock directory open at lock_dir_fd for ended leases, or stops watching it.
+  void watch_releases(int lock_dir_fd, bool on);
+  // Watches the ticket file at `path` (QueueDirectory::watch_path) instead of any other;
+  // "" watches none. Returns false if it could not (the ticket is gone already).
+  bool watch_ticket(const std::string& path);
+
+  struct Wakeup {
+    bool release = false;       // a lease ended (or events were lost)
+    bool queue_change = false;  // the watched ticket left, or someone woke us
+    bool timed_out() const { return !release && !queue_change; }
+  };
+  // Sleeps until one of the sources fires or the timeout passes. wake_fd may be -1.
+  Wakeup wait(int wake_fd, std::chrono::milliseconds timeout);
+
+  // Forgets every watch and queued event, for the next waiter.
+  void reset();
+
+ private:
+  Wakeup drain();
+  UniqueFd inotify_fd_;
+  int releases_wd_ = -1;
+  int ticket_wd_ = -1;
+  std::string ticket_path_;
+};
+
+}  // namespace gpulock
