@@ -307,6 +307,23 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
       const QueueDirectory::Listing listing = list_queue(/*remove_dead=*/true);
       // Holder records are read only when someone's share or limit depends on them.
       const bool others_wait = listing.live.size() > (ticket ? 1u : 0u);
+
+      // The common case, one GPU of any with nobody waiting and no limits: the first free
+      // healthy candidate is the plan's choice, so probe no further than that.
+      if (!others_wait && !any_gpu_limit && request.gpus.empty() && needed == 1) {
+        for (const Device* d : candidates) {
+          if (!unready_reason(*d, request).empty()) continue;
+          const LockProbe p = probe(d->uuid, false);
+          if (!p.error.empty()) break;  // let the plan below explain it
+          if (p.locked) continue;
+          bool replaced = false;
+          if (std::optional<Lease> lease = try_lock({d}, request, replaced)) {
+            ticket.leave();
+            return std::move(*lease);
+          }
+          break;
+        }
+      }
       snapshot = plan(devices, listing, ticket ? nullptr : &wanted, others_wait || any_gpu_limit);
       while (me < snapshot.tickets.size() && snapshot.tickets[me].id != wanted.id) ++me;
       if (me == snapshot.tickets.size()) {

@@ -111,21 +111,33 @@ std::unique_ptr<QueueDirectory> QueueDirectory::open(const LockDirectory& locks,
   return queue;
 }
 
+QueueDirectory::~QueueDirectory() {
+  if (stream_) ::closedir(stream_);
+}
+
 QueueDirectory::Listing QueueDirectory::list(bool remove_dead) const {
   Listing listing;
-  const int dup_fd = ::fcntl(fd(), F_DUPFD_CLOEXEC, 3);
-  DIR* dir = dup_fd >= 0 ? ::fdopendir(dup_fd) : nullptr;
-  if (dir == nullptr) {
-    if (dup_fd >= 0) ::close(dup_fd);
-    throw Error(ErrorCode::kEnvironment,
-                errno_message("cannot read the queue directory " + path().string(), errno));
-  }
-  // The duplicate shares its file offset with our descriptor: start from the beginning.
-  ::rewinddir(dir);
   const uid_t me = ::geteuid();
   std::vector<std::string> names;
-  while (const dirent* entry = ::readdir(dir)) names.emplace_back(entry->d_name);
-  ::closedir(dir);
+  {
+    // One directory stream, kept and rewound: opening one per listing costs more than the read.
+    std::lock_guard<std::mutex> lock(stream_mutex_);
+    if (!stream_) {
+      const int dup_fd = ::fcntl(fd(), F_DUPFD_CLOEXEC, 3);
+      stream_ = dup_fd >= 0 ? ::fdopendir(dup_fd) : nullptr;
+      if (!stream_) {
+        if (dup_fd >= 0) ::close(dup_fd);
+        throw Error(ErrorCode::kEnvironment,
+                    errno_message("cannot read the queue directory " + path().string(), errno));
+      }
+    }
+    // The stream's descriptor shares its offset with ours: always start from the beginning.
+    ::rewinddir(stream_);
+    while (const dirent* entry = ::readdir(stream_)) {
+      const std::string_view name = entry->d_name;
+      if (name.ends_with(kTicketSuffix) || name.ends_with(kWakeSuffix)) names.emplace_back(name);
+    }
+  }
 
   std::vector<std::string> ticket_ids;
   for (const auto& name : names) {

@@ -9,6 +9,7 @@
 // its descriptor, with O_NOFOLLOW, and checks the file type, so planted files are ignored.
 #pragma once
 
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include <cstdint>
@@ -57,6 +58,9 @@ class QueueDirectory {
   // and `create` is set; else nullptr while it does not exist (nobody has waited yet). Throws
   // Error(kEnvironment) when it cannot be created or used.
   static std::unique_ptr<QueueDirectory> open(const LockDirectory& locks, bool create);
+  ~QueueDirectory();
+  QueueDirectory(const QueueDirectory&) = delete;
+  QueueDirectory& operator=(const QueueDirectory&) = delete;
 
   const std::filesystem::path& path() const { return dir_.path(); }
   int fd() const { return dir_.fd(); }
@@ -97,6 +101,8 @@ class QueueDirectory {
     ino_t inode = 0;
     std::optional<Ticket> ticket;
   };
+  mutable std::mutex stream_mutex_;
+  mutable DIR* stream_ = nullptr;
   mutable std::mutex cache_mutex_;
   mutable std::map<std::string, CachedTicket> cache_;
 };
