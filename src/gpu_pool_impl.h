@@ -69,7 +69,8 @@ class GpuPool::Impl {
   // yet, placed as if it registered now) when given. `devices` is a fresh inventory.
   QueueSnapshot plan(const std::vector<Device>& devices, const QueueDirectory::Listing& listing,
                      const Ticket* newcomer, bool with_records);
-  QueueStatus queue_status();
+  // The queue as people see it; `devices` when the caller has a fresh inventory already.
+  QueueStatus queue_status(const std::vector<Device>* devices = nullptr);
   // The user name of a uid, cached: planning asks for it often.
   const std::string& user_of(uid_t uid);
 

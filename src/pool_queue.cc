@@ -207,11 +207,12 @@ QueueSnapshot GpuPool::Impl::plan(const std::vector<Device>& devices,
   return snapshot;
 }
 
-QueueStatus GpuPool::Impl::queue_status() {
+QueueStatus GpuPool::Impl::queue_status(const std::vector<Device>* devices) {
   QueueStatus status;
   status.policy = queue_policy_name(config.policy);
   status.config_source = config.source;
-  const QueueSnapshot snapshot = plan(source->devices(), list_queue(false), nullptr, true);
+  const QueueSnapshot snapshot =
+      plan(devices ? *devices : source->devices(), list_queue(false), nullptr, true);
   status.warnings = snapshot.warnings;
   for (std::size_t position = 0; position < snapshot.plan.order.size(); ++position) {
     const Placement& placement = snapshot.plan.order[position];

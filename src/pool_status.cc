@@ -64,7 +64,9 @@ PoolStatus GpuPool::Impl::status() {
   status.warnings = dir.warnings();
   status.warnings.insert(status.warnings.end(), dir.advice().begin(), dir.advice().end());
 
-  for (Device& device : source->devices()) {
+  std::vector<Device> devices = source->devices();
+  const QueueStatus queue_now = queue_status(&devices);
+  for (Device& device : devices) {
     GpuStatus gpu;
     const LockProbe p = probe(device.uuid, true);
     if (device.mig_enabled.value_or(false)) {
@@ -112,7 +114,6 @@ PoolStatus GpuPool::Impl::status() {
     status.gpus.push_back(std::move(gpu));
   }
 
-  const QueueStatus queue_now = queue_status();
   status.queue_length = static_cast<int>(queue_now.entries.size());
   status.queue_policy = queue_now.policy;
   status.warnings.insert(status.warnings.end(), queue_now.warnings.begin(),
