@@ -319,6 +319,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
           bool replaced = false;
           if (std::optional<Lease> lease = try_lock({d}, request, replaced)) {
             ticket.leave();
+            if (QueueDirectory* queue = queue_dir(false)) queue->mark_served();
             return std::move(*lease);
           }
           break;
@@ -344,9 +345,11 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
       if (unusable > 0 && (!request.gpus.empty() || candidates.size() - unusable < needed))
         throw unsatisfiable("cannot serve this request", never_reasons);
 
-      // Wake every other waiter the plan serves now; they take their GPUs themselves.
+      // Wake every other waiter the plan serves now (they take their GPUs themselves), and
+      // those for which there is room in the queue now (they register again).
       for (const Placement& placement : snapshot.plan.order)
-        if (placement.standing == QueueStanding::kNext && placement.request != me)
+        if ((placement.standing == QueueStanding::kNext || placement.may_enter) &&
+            placement.request != me)
           if (QueueDirectory* queue = queue_dir(false))
             queue->wake(snapshot.tickets[placement.request].id);
 
@@ -359,9 +362,22 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
         bool replaced = false;
         if (std::optional<Lease> lease = try_lock(chosen, request, replaced)) {
           ticket.leave();  // tells the waiter behind us, which re-plans
+          if (QueueDirectory* queue = queue_dir(false)) queue->mark_served();
           return std::move(*lease);
         }
         if (replaced) continue;  // try again at once, with the file now under that name
+      }
+
+      if (ticket && mine.may_enter) {
+        // There is room for us in the queue now: join it at the back.
+        ticket.leave();
+        wanted.entered_over_limit = false;
+        wanted.seq = listing.highest_seq + 1;
+        QueueDirectory& queue = *queue_dir(true);
+        ticket = queue.enter(wanted);
+        if (!listing.live.empty() && listing.live.front().id != wanted.id)
+          queue.wake(listing.live.front().id);
+        continue;
       }
 
       if (request.wait && !ticket) {
@@ -372,6 +388,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
                                   user, config_name));
         // Register, then plan again with the ticket in place to set up our watches.
         wanted.seq = listing.highest_seq + 1;
+        wanted.entered_over_limit = mine.standing == QueueStanding::kOverWaitingLimit;
         channel.take();
         QueueDirectory& queue = *queue_dir(true);
         ticket = queue.enter(wanted);

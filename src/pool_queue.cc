@@ -187,8 +187,11 @@ QueueSnapshot GpuPool::Impl::plan(const std::vector<Device>& devices,
     r.priority = t.priority;
     r.needed = t.needed;
     r.named_gpus = t.named_gpus;
+    r.entered_over_limit = t.entered_over_limit;
     r.candidates = t.candidates;
     r.limits = config.limits_for(t.user);
+    if (const auto it = listing.last_served.find(t.uid); it != listing.last_served.end())
+      r.user_last_served = it->second;
     const LeaseRequest filters = filters_of(t);
     auto& reasons = snapshot.unhealthy_reasons.emplace_back();
     for (const auto& uuid : t.candidates) {

@@ -178,6 +178,16 @@ QueueDirectory::Listing QueueDirectory::list(bool remove_dead) const {
         ::unlinkat(fd(), name.c_str(), 0);
     }
   }
+  for (const Ticket& t : listing.live) {
+    if (listing.last_served.count(t.uid)) continue;
+    // Only the user's own file counts: anyone could plant one under another user's name.
+    struct stat st {};
+    const std::string name = "served-" + std::to_string(t.uid);
+    const bool valid = ::fstatat(fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                       S_ISREG(st.st_mode) && st.st_uid == t.uid;
+    listing.last_served[t.uid] =
+        valid ? static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec : 0;
+  }
   std::sort(listing.live.begin(), listing.live.end(),
             [](const Ticket& a, const Ticket& b) { return a.seq < b.seq; });
   return listing;
@@ -194,6 +204,14 @@ std::optional<Ticket> QueueDirectory::cached_ticket(const std::string& id, int f
   if (cache_.size() > 4096) cache_.clear();
   cache_[id] = CachedTicket{st.st_ino, ticket};
   return ticket;
+}
+
+void QueueDirectory::mark_served() const {
+  const std::string name = "served-" + std::to_string(::geteuid());
+  if (::utimensat(fd(), name.c_str(), nullptr, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT) return;
+  UniqueFd file(::openat(fd(), name.c_str(),
+                         O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0644));
+  // Best effort: without the file, this user only loses ties it might have won.
 }
 
 bool QueueDirectory::is_live(const std::string& ticket_id) const {

@@ -68,6 +68,9 @@ class QueueDirectory {
   struct Listing {
     std::vector<Ticket> live;       // tickets of waiting processes, by seq
     std::uint64_t highest_seq = 0;  // among every readable ticket, live or not
+    // When each user with a live ticket was last given GPUs (mark_served), in ns since the
+    // epoch; 0 if never. Fair share breaks ties by it, so users take turns.
+    std::map<uid_t, std::int64_t> last_served;
     std::vector<std::string> warnings;
   };
   // Reads the queue. With remove_dead, also removes dead waiters' files where this process may
@@ -78,6 +81,9 @@ class QueueDirectory {
   // is locked and written) and ticket.seq is above every seq listed. Throws Error(kEnvironment)
   // when the files cannot be created or written (e.g. a full disk).
   OwnTicket enter(const Ticket& ticket) const;
+
+  // Records that this process's user was given GPUs now ("served-<uid>", whose mtime says when).
+  void mark_served() const;
 
   // True while the waiter of that ticket waits (its file exists and is locked).
   bool is_live(const std::string& ticket_id) const;

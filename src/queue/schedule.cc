@@ -12,10 +12,11 @@ namespace {
 
 // The order key of one request: smaller goes first.
 struct OrderKey {
-  int priority_class = 0;   // 0 normal, 1 low
-  std::uint64_t share = 0;  // fair-share only
+  int priority_class = 0;        // 0 normal, 1 low
+  std::uint64_t share = 0;       // fair-share only
+  std::int64_t last_served = 0;  // fair-share only: when the user was last given GPUs
   std::uint64_t seq = 0;
-  auto tie() const { return std::tie(priority_class, share, seq); }
+  auto tie() const { return std::tie(priority_class, share, last_served, seq); }
 };
 
 }  // namespace
@@ -43,15 +44,29 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
     for (std::size_t i : indices) {
       const PlanRequest& r = requests[i];
       const auto& max_waiting = r.limits.max_waiting;
-      if (max_waiting && taking_part >= *max_waiting) {
+      if (r.entered_over_limit || (max_waiting && taking_part >= *max_waiting)) {
         held_back[i] = true;
         continue;
       }
       ++taking_part;
       keys[i].priority_class = r.priority == Priority::kLow ? 1 : 0;
       keys[i].share = policy == QueuePolicy::kFairShare ? share : 0;
+      keys[i].last_served = policy == QueuePolicy::kFairShare ? r.user_last_served : 0;
       keys[i].seq = r.seq;
       share += r.needed;
+    }
+  }
+
+  // Room in the queue for requests that registered over the limit: the earliest may enter.
+  std::vector<bool> may_enter(requests.size(), false);
+  for (const auto& [uid, indices] : by_user) {
+    std::size_t taking_part = 0;
+    for (std::size_t i : indices) taking_part += held_back[i] ? 0 : 1;
+    for (std::size_t i : indices) {
+      const auto& max_waiting = requests[i].limits.max_waiting;
+      if (!requests[i].entered_over_limit || (max_waiting && taking_part >= *max_waiting)) continue;
+      may_enter[i] = true;
+      ++taking_part;
     }
   }
 
@@ -85,6 +100,7 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
     placement.request = index;
     if (held_back[index]) {
       placement.standing = QueueStanding::kOverWaitingLimit;
+      placement.may_enter = may_enter[index];
     } else if (r.limits.max_gpus &&
                held_by_user[r.uid] + given_to_user[r.uid] + r.needed > *r.limits.max_gpus) {
       placement.standing = QueueStanding::kOverGpuLimit;

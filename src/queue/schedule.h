@@ -6,11 +6,15 @@
 // acquire mutex, takes its GPUs when the plan says it is served, and wakes the others that are.
 //
 // Order. Requests of a user beyond that user's max_waiting (by arrival) are held back and come
-// last. The rest: normal priority before low; then by policy:
+// last; so are requests that registered while their user was at the limit (entered_over_limit)
+// until there is room: then the first of them are marked may_enter, to register again at the
+// back of the queue rather than jump ahead of requests that arrived while they were held back. The
+// rest: normal priority before low; then by policy:
 //   fifo:        by arrival (seq);
 //   fair-share:  by the user's share = GPUs the user holds now + GPUs requested by that user's
-//                earlier waiting requests; ties by arrival. So a user with 30 queued requests
-//                does not starve a colleague with one, and the one who uses least goes first.
+//                earlier waiting requests; ties go to the user served least recently, then by
+//                arrival. So a user with 30 queued requests does not starve a colleague with
+//                one, the one who uses least goes first, and users with equal shares alternate.
 // Walking that order with the set of free GPUs:
 //   - a request over its user's max_gpus (counting GPUs given earlier in this plan) waits and
 //     reserves nothing;
@@ -53,6 +57,8 @@ struct PlanRequest {
   std::vector<std::string> candidates;  // UUIDs it may ever use, in preference order
   std::vector<std::string> unhealthy;   // candidates it cannot use now (health filters)
   UserLimits limits;
+  bool entered_over_limit = false;
+  std::int64_t user_last_served = 0;  // when its user was last given GPUs (any unit; 0 = never)
 };
 
 // Why a request lacks a GPU it could use.
@@ -75,6 +81,7 @@ struct Placement {
   // kNext: the GPUs it takes (in candidate order); kWaiting: the free GPUs reserved for it.
   std::vector<std::string> gpus;
   std::vector<Obstacle> obstacles;  // kWaiting: why it lacks each other candidate
+  bool may_enter = false;           // kOverWaitingLimit: there is room for it now
 };
 
 struct Plan {

@@ -45,6 +45,7 @@ std::string serialize_ticket(const Ticket& t) {
   j["priority"] = priority_name(t.priority);
   j["needed"] = t.needed;
   j["named_gpus"] = t.named_gpus;
+  if (t.entered_over_limit) j["over_limit"] = true;
   j["candidates"] = t.candidates;
   if (t.min_free_memory_bytes) j["min_free_memory"] = *t.min_free_memory_bytes;
   if (t.max_utilization_percent) j["max_utilization"] = *t.max_utilization_percent;
@@ -85,6 +86,10 @@ std::optional<Ticket> parse_ticket(std::string_view bytes) {
   t.needed = static_cast<unsigned>(number);
   if (!j.contains("named_gpus") || !j["named_gpus"].is_boolean()) return std::nullopt;
   t.named_gpus = j["named_gpus"].get<bool>();
+  if (j.contains("over_limit")) {
+    if (!j["over_limit"].is_boolean()) return std::nullopt;
+    t.entered_over_limit = j["over_limit"].get<bool>();
+  }
   if (!j.contains("candidates") || !j["candidates"].is_array() ||
       j["candidates"].size() > kMaxCandidates)
     return std::nullopt;

@@ -28,7 +28,10 @@ struct Ticket {
   double enqueued_at = 0;  // seconds since the Unix epoch
   Priority priority = Priority::kNormal;
   unsigned needed = 1;
-  bool named_gpus = false;              // the request named its GPUs (needs all candidates)
+  bool named_gpus = false;  // the request named its GPUs (needs all candidates)
+  // Registered while its user had max_waiting requests in the queue: it waits outside the
+  // queue's order until there is room, then registers again at the back (a fresh seq).
+  bool entered_over_limit = false;
   std::vector<std::string> candidates;  // UUIDs it may ever use, in preference order
   // Health filters, for other processes to judge which free GPUs this request can use now.
   std::optional<std::uint64_t> min_free_memory_bytes;

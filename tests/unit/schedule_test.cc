@@ -245,6 +245,20 @@ TEST(PlanOrder, FairShareColleagueWithOneRequestGoesSecond) {
   EXPECT_EQ(OrderOf(plan), expected);
 }
 
+// Equal shares: the user served least recently goes first, so users alternate on one GPU
+// (user 1 arrived first but was just served; user 2 never was).
+TEST(PlanOrder, FairShareTiesGoToTheUserServedLeastRecently) {
+  PlanRequest a = Any(1, 1, 1, UuidRange(1));
+  a.user_last_served = 2000;
+  PlanRequest b = Any(5, 2, 1, UuidRange(1));
+  b.user_last_served = 1000;
+  const Plan fair = RunPlan(QueuePolicy::kFairShare, FreeGpus(1), {a, b});
+  EXPECT_THAT(OrderOf(fair), ElementsAre(1, 0));
+  EXPECT_EQ(fair.of(1).standing, QueueStanding::kNext);
+  // FIFO ignores it.
+  EXPECT_THAT(OrderOf(RunPlan(QueuePolicy::kFifo, FreeGpus(1), {a, b})), ElementsAre(0, 1));
+}
+
 TEST(PlanOrder, FairShareUserHoldingAGpuGoesAfterOneHoldingNone) {
   std::vector<PlanRequest> requests;
   for (std::uint64_t i = 1; i <= 30; ++i) requests.push_back(Any(i, 1000, 1, Uuids({1})));
@@ -617,6 +631,24 @@ TEST(PlanMissing, AnyNShortBecauseOfAMissingCandidateWaitsWithoutReserving) {
   ExpectObstacle(plan.of(0), "GPU-7", Kind::kMissing);
   EXPECT_EQ(plan.of(1).standing, QueueStanding::kNext);
   EXPECT_THAT(plan.of(1).gpus, ElementsAre("GPU-0"));
+}
+
+// A request that registered while its user was at max_waiting stays held back, even once there
+// is room, until it registers again at the back (may_enter tells it to); so it cannot jump
+// ahead of another user's request that arrived while it was held back.
+TEST(PlanWaitingLimit, RequestThatEnteredOverTheLimitWaitsToReEnter) {
+  PlanRequest a2 = WithLimits(Any(2, 1, 1, UuidRange(1)), {}, 2);
+  PlanRequest a3 = WithLimits(Any(3, 1, 1, UuidRange(1)), {}, 2);
+  a3.entered_over_limit = true;
+  PlanRequest a4 = WithLimits(Any(4, 1, 1, UuidRange(1)), {}, 2);
+  a4.entered_over_limit = true;
+  const PlanRequest b = Any(5, 2, 1, UuidRange(1));
+  const Plan plan = RunPlan(QueuePolicy::kFifo, {Held(0, 1)}, {a2, a3, a4, b});
+  EXPECT_THAT(OrderOf(plan), ElementsAre(0, 3, 1, 2));
+  EXPECT_EQ(plan.of(1).standing, QueueStanding::kOverWaitingLimit);
+  EXPECT_TRUE(plan.of(1).may_enter);   // room for one more of user 1's requests
+  EXPECT_FALSE(plan.of(2).may_enter);  // but only one
+  EXPECT_FALSE(plan.of(0).may_enter);
 }
 
 // --- max_gpus
