@@ -147,10 +147,25 @@ UniqueFd LockDirectory::open_file(const std::string& name, bool for_writing) con
   const int flags = access | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
   for (int attempt = 0; attempt < 8; ++attempt) {
     UniqueFd fd(::openat(dir_fd_.get(), name.c_str(), flags));
-    if (!fd && errno == ENOENT) {
+    const bool missing = !fd && errno == ENOENT;
+    if (missing) {
       if (!for_writing) return UniqueFd();
-      // Create only when missing (O_EXCL): with fs.protected_regular, O_CREAT on another
-      // user's existing file in a sticky directory fails even when its mode would allow it.
+      // Made complete (mode 0666) before its name appears, so that another user never opens
+      // it in the moment between creation and chmod and finds it unusable.
+      UniqueFd unnamed(::openat(dir_fd_.get(), ".", O_TMPFILE | O_RDWR | O_CLOEXEC, kLockFileMode));
+      if (unnamed && ::fchmod(unnamed.get(), kLockFileMode) == 0) {
+        const std::string self = "/proc/self/fd/" + std::to_string(unnamed.get());
+        // Either way, open it again by its name: the unnamed descriptor's close events would
+        // carry its inode number instead of the lock file's name, and waiters would miss them.
+        if (::linkat(AT_FDCWD, self.c_str(), dir_fd_.get(), name.c_str(), AT_SYMLINK_FOLLOW) == 0 ||
+            errno == EEXIST)
+          continue;
+      }
+    }
+    if (missing && !fd) {
+      // Where O_TMPFILE is not supported: create only when missing (O_EXCL): with
+      // fs.protected_regular, O_CREAT on another user's existing file in a sticky directory fails
+      // even when its mode would allow it.
       fd.reset(::openat(dir_fd_.get(), name.c_str(), flags | O_CREAT | O_EXCL, kLockFileMode));
       if (!fd && errno == EEXIST) continue;  // someone else created it just now
       if (!fd) {
