@@ -92,6 +92,9 @@ void validate(const LeaseRequest& r) {
 constexpr std::chrono::milliseconds kQuickRechecks[] = {
     std::chrono::milliseconds(1), std::chrono::milliseconds(4), std::chrono::milliseconds(20)};
 
+// How many of the oldest waiters follow releases (see wait_channel.h).
+constexpr std::size_t kDispatchers = 2;
+
 // Others hold the machine-wide acquire mutex for microseconds. Even a request that does not
 // wait gets this long before it concludes that something is wrong with the mutex's holder.
 constexpr auto kAcquireMutexGrace = std::chrono::seconds(2);
@@ -144,6 +147,14 @@ QueueDirectory* GpuPool::Impl::queue_dir(bool create) {
   std::lock_guard<std::mutex> lock(queue_dir_mutex_);
   if (!queue_dir_) queue_dir_ = QueueDirectory::open(dir, create);
   return queue_dir_.get();
+}
+
+void GpuPool::Impl::note_served() {
+  try {
+    queue_dir(true)->mark_served();
+  } catch (const Error&) {
+    // A lock directory we may not create the queue in: only fair-share ties are affected.
+  }
 }
 
 QueueDirectory::Listing GpuPool::Impl::list_queue(bool remove_dead) {
@@ -253,6 +264,22 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
   ChannelLoan channel(*this);
   OwnTicket ticket;
   int quick_rechecks = 0;  // left after a wake-up; see kQuickRechecks
+  // The waiters that follow releases (the two oldest), as this waiter last saw them. Whoever
+  // sees a waiter join that pair wakes it, since nothing else tells it of its new role.
+  std::vector<std::string> seen_dispatchers;
+  const auto tell_new_dispatchers = [&](const std::vector<Ticket>& live, bool leaving) {
+    std::vector<std::string> now;
+    for (const Ticket& t : live) {
+      if (now.size() == kDispatchers) break;
+      if (!(leaving && t.id == wanted.id)) now.push_back(t.id);
+    }
+    QueueDirectory* queue = queue_dir(false);
+    for (const auto& id : now)
+      if (queue && id != wanted.id &&
+          std::find(seen_dispatchers.begin(), seen_dispatchers.end(), id) == seen_dispatchers.end())
+        queue->wake(id);
+    seen_dispatchers = std::move(now);
+  };
   std::string last_progress;
 
   while (true) {
@@ -319,7 +346,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
           bool replaced = false;
           if (std::optional<Lease> lease = try_lock({d}, request, replaced)) {
             ticket.leave();
-            if (QueueDirectory* queue = queue_dir(false)) queue->mark_served();
+            note_served();
             return std::move(*lease);
           }
           break;
@@ -361,8 +388,9 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
             if (d->uuid == uuid) chosen.push_back(d);
         bool replaced = false;
         if (std::optional<Lease> lease = try_lock(chosen, request, replaced)) {
+          if (ticket) tell_new_dispatchers(listing.live, /*leaving=*/true);
           ticket.leave();  // tells the waiter behind us, which re-plans
-          if (QueueDirectory* queue = queue_dir(false)) queue->mark_served();
+          note_served();
           return std::move(*lease);
         }
         if (replaced) continue;  // try again at once, with the file now under that name
@@ -381,14 +409,21 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
       }
 
       if (request.wait && !ticket) {
-        if (mine.standing == QueueStanding::kOverWaitingLimit && limits.max_waiting == 0u)
+        // Over the waiting limit, the request still waits, outside the queue's order, and
+        // joins it when there is room; with a limit of 0 it could never join.
+        const auto waiting_now = std::count_if(
+            listing.live.begin(), listing.live.end(),
+            [&](const Ticket& t) { return t.uid == wanted.uid && !t.entered_over_limit; });
+        const bool over_limit =
+            limits.max_waiting && static_cast<unsigned>(waiting_now) >= *limits.max_waiting;
+        if (over_limit && *limits.max_waiting == 0u)
           throw Error(ErrorCode::kUnsatisfiable,
                       fmt::format("the GPUs are not free now, and {} may not wait in the queue "
                                   "(max_waiting = 0 in {})",
                                   user, config_name));
         // Register, then plan again with the ticket in place to set up our watches.
         wanted.seq = listing.highest_seq + 1;
-        wanted.entered_over_limit = mine.standing == QueueStanding::kOverWaitingLimit;
+        wanted.entered_over_limit = over_limit;
         channel.take();
         QueueDirectory& queue = *queue_dir(true);
         ticket = queue.enter(wanted);
@@ -403,8 +438,13 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
         const auto& live = listing.live;
         std::size_t k = 0;
         while (k < live.size() && live[k].id != wanted.id) ++k;
-        dispatcher = k == 0;
-        channel->watch_releases(dir.fd(), dispatcher);
+        tell_new_dispatchers(live, /*leaving=*/false);
+        // The two oldest waiters follow releases, so that one stopped waiter (Ctrl-Z) cannot
+        // hold up everyone's hand-offs; the others sleep until someone wakes them.
+        dispatcher = k < kDispatchers;
+        // Having just started to watch, look at the locks again: a release between our look
+        // and the watch would otherwise go unnoticed.
+        if (channel->watch_releases(dir.fd(), dispatcher)) continue;
         const Ticket* watched = k > 0 ? &live[k - 1] : live.size() > 1 ? &live.back() : nullptr;
         if (watched) {
           // Watch first, then check it still waits, so that its leaving is never missed.

@@ -103,6 +103,8 @@ class GpuPool::Impl {
   // The queue directory, opened on first use. Without `create`, nullptr while it does not
   // exist (nobody has waited yet, or the lock directory is read-only to us).
   QueueDirectory* queue_dir(bool create);
+  // Records that this user was just given GPUs, for fair share's ties (best effort).
+  void note_served();
   // Its live tickets; empty when there is no queue directory.
   QueueDirectory::Listing list_queue(bool remove_dead);
 

@@ -106,11 +106,13 @@ std::string QueueSnapshot::blocked_by(std::size_t ticket, const Config& config) 
       return fmt::format("{} holds {} GPU{}, and {} may hold at most {} at once", t.user, held,
                          held == 1 ? "" : "s", t.user, limits.max_gpus.value_or(0));
     }
-    case QueueStanding::kOverWaitingLimit:
+    case QueueStanding::kOverWaitingLimit: {
+      const unsigned most = limits.max_waiting.value_or(0);
       return fmt::format(
-          "{} may have at most {} requests in the queue; this one waits its turn "
-          "behind them",
-          t.user, limits.max_waiting.value_or(0));
+          "{} may have at most {} request{} in the queue; this one joins it when "
+          "there is room",
+          t.user, most, most == 1 ? "" : "s");
+    }
     case QueueStanding::kWaiting:
       break;
   }
@@ -190,6 +192,9 @@ QueueSnapshot GpuPool::Impl::plan(const std::vector<Device>& devices,
     r.entered_over_limit = t.entered_over_limit;
     r.candidates = t.candidates;
     r.limits = config.limits_for(t.user);
+    // A request that has not registered does not wait yet: the waiting limit is not its
+    // concern until it must (acquire() decides then).
+    if (newcomer && &t == &snapshot.tickets.back()) r.limits.max_waiting.reset();
     if (const auto it = listing.last_served.find(t.uid); it != listing.last_served.end())
       r.user_last_served = it->second;
     const LeaseRequest filters = filters_of(t);

@@ -15,9 +15,10 @@ std::string waited_text(std::chrono::system_clock::time_point since) {
 }
 
 std::string request_text(const QueueEntry& e) {
-  std::string text = e.gpus_named.empty() ? fmt::format("{} GPU{}", e.gpus_requested,
-                                                        e.gpus_requested == 1 ? "" : "s")
-                                          : fmt::format("GPUs {}", fmt::join(e.gpus_named, ","));
+  std::string text =
+      e.gpus_named.empty()
+          ? fmt::format("{} GPU{}", e.gpus_requested, e.gpus_requested == 1 ? "" : "s")
+          : fmt::format("{} named GPU{}", e.gpus_named.size(), e.gpus_named.size() == 1 ? "" : "s");
   if (e.priority == Priority::kLow) text += " (low)";
   return text;
 }
@@ -28,12 +29,12 @@ void print_table(const QueueStatus& queue) {
              queue.config_source.empty() ? "" : " (" + queue.config_source + ")",
              queue.entries.size(), queue.entries.size() == 1 ? "" : "s");
   if (queue.entries.empty()) return;
-  fmt::print("{:>3}  {:<12} {:>8}  {:<14} {:>8}  {}\n", "POS", "USER", "PID", "REQUEST", "WAITING",
+  fmt::print("{:>3}  {:<16} {:>8}  {:<14} {:>8}  {}\n", "POS", "USER", "PID", "REQUEST", "WAITING",
              "STANDING: WHAT IT WAITS FOR");
   for (const auto& e : queue.entries) {
     std::string what = e.blocked_by;
     if (!e.label.empty()) what = "[" + e.label + "] " + what;
-    fmt::print("{:>3}  {:<12} {:>8}  {:<14} {:>8}  {}: {}\n", e.position, e.user, e.pid,
+    fmt::print("{:>3}  {:<16} {:>8}  {:<14} {:>8}  {}: {}\n", e.position, e.user, e.pid,
                request_text(e), waited_text(e.waiting_since), queue_standing_name(e.standing),
                what);
   }

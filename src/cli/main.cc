@@ -1,5 +1,6 @@
 // gpulock's main(): parses the command line and maps errors to the documented exit statuses
-// (64 usage, 69 cannot be served, 70 internal, 75 not served in time; docs/cli.md).
+// (64 usage, 69 cannot be served, 70 internal, 75 not served in time, 78 bad config;
+// docs/cli.md).
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -62,7 +63,8 @@ int main(int argc, char** argv) {
   });
   app.footer(
       "Exit status: the command's own for `run`; 64 bad usage; 69 can never be served;\n"
-      "70 internal error; 75 no GPU within --timeout or with --no-wait.");
+      "70 internal error; 75 no GPU within --timeout or with --no-wait;\n"
+      "78 invalid config file (GPULOCK_CONFIG or /etc/gpulock/config.toml).");
 
   try {
     app.parse(argc, argv);

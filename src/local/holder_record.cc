@@ -167,7 +167,7 @@ std::optional<HolderRecord> parse_holder_record(std::string_view bytes) {
   if (!j.contains("started_at") || !j["started_at"].is_number()) return std::nullopt;
   record.started_at = j["started_at"].get<double>();
   // Beyond the year 5000 is nonsense, and would overflow the clocks readers convert it to.
-  if (!std::isfinite(record.started_at) || record.started_at < 0 || record.started_at > 1e11)
+  if (!std::isfinite(record.started_at) || record.started_at < 0 || record.started_at > 9e9)
     return std::nullopt;
   if (!j.contains("gpus") || !j["gpus"].is_array() || j["gpus"].size() > kMaxGpusInRecord)
     return std::nullopt;

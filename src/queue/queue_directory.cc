@@ -90,6 +90,10 @@ void OwnTicket::leave() {
 std::unique_ptr<QueueDirectory> QueueDirectory::open(const LockDirectory& locks, bool create) {
   const std::filesystem::path path = locks.path() / "queue";
   bool created = false;
+  struct stat existing {};
+  if (!create && ::fstatat(locks.fd(), "queue", &existing, AT_SYMLINK_NOFOLLOW) != 0 &&
+      errno == ENOENT)
+    return nullptr;
   if (::mkdirat(locks.fd(), "queue", 0700) == 0) {
     created = true;
   } else if (errno == ENOENT || errno == EACCES || errno == EPERM || errno == EROFS) {
@@ -223,9 +227,12 @@ bool QueueDirectory::is_live(const std::string& ticket_id) const {
 }
 
 OwnTicket QueueDirectory::enter(const Ticket& ticket) const {
+  bool made_wake = false;
+  bool made_ticket = false;
   const auto fail = [&](const std::string& what, int e) {
-    ::unlinkat(fd(), ticket_name(ticket.id).c_str(), 0);
-    ::unlinkat(fd(), wake_name(ticket.id).c_str(), 0);
+    // Remove only what this call made: the id could be someone else's.
+    if (made_ticket) ::unlinkat(fd(), ticket_name(ticket.id).c_str(), 0);
+    if (made_wake) ::unlinkat(fd(), wake_name(ticket.id).c_str(), 0);
     throw Error(ErrorCode::kEnvironment,
                 fmt::format("cannot join the queue in {}: {}: {}{}", path().string(), what,
                             std::strerror(e), e == ENOSPC ? " (the disk is full)" : ""));
@@ -237,6 +244,7 @@ OwnTicket QueueDirectory::enter(const Ticket& ticket) const {
   // The wake FIFO first: once the ticket is visible, others may wake us.
   const std::string wake = wake_name(ticket.id);
   if (::mkfifoat(fd(), wake.c_str(), 0600) != 0) fail("cannot create " + wake, errno);
+  made_wake = true;
   // Read-write, so the FIFO always has a writer: it never reports end-of-file.
   own.wake_fd_ = above_stdio(UniqueFd(
       ::openat(fd(), wake.c_str(), O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY)));
@@ -249,6 +257,7 @@ OwnTicket QueueDirectory::enter(const Ticket& ticket) const {
   own.ticket_fd_ = above_stdio(UniqueFd(::openat(
       fd(), name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600)));
   if (!own.ticket_fd_) fail("cannot create " + name, errno);
+  made_ticket = true;
   if (::fchmod(own.ticket_fd_.get(), kTicketMode) != 0)
     fail("cannot set the mode of " + name, errno);
   if (!try_lock_exclusive(own.ticket_fd_.get())) fail("cannot lock " + name, EAGAIN);

@@ -17,6 +17,8 @@ constexpr int kTicketSchema = 1;
 constexpr std::size_t kMaxCandidates = 1024;
 constexpr std::size_t kMaxUuidLength = 96;
 constexpr std::size_t kMaxTextLength = 1024;
+constexpr std::uint64_t kMaxSeq = std::uint64_t{1} << 62;
+constexpr double kMaxTime = 9e9;  // seconds since the epoch: the year 2255
 
 bool unsigned_field(const json& j, const char* key, std::uint64_t max, std::uint64_t& out) {
   if (!j.contains(key) || !j[key].is_number_unsigned()) return false;
@@ -65,7 +67,8 @@ std::optional<Ticket> parse_ticket(std::string_view bytes) {
   Ticket t;
   std::uint64_t number = 0;
   if (!string_field(j, "id", 64, t.id) || !is_lease_id(t.id)) return std::nullopt;
-  if (!unsigned_field(j, "seq", UINT64_MAX, t.seq)) return std::nullopt;
+  // Bounded so that the next seq (highest + 1) can never wrap, whatever is planted.
+  if (!unsigned_field(j, "seq", kMaxSeq, t.seq)) return std::nullopt;
   if (!unsigned_field(j, "uid", UINT32_MAX - 1, number)) return std::nullopt;
   t.uid = static_cast<uid_t>(number);
   if (!string_field(j, "user", 64, t.user)) return std::nullopt;
@@ -74,7 +77,9 @@ std::optional<Ticket> parse_ticket(std::string_view bytes) {
   if (!unsigned_field(j, "pid_start", UINT64_MAX, t.process.start_ticks)) return std::nullopt;
   if (!j.contains("enqueued_at") || !j["enqueued_at"].is_number()) return std::nullopt;
   t.enqueued_at = j["enqueued_at"].get<double>();
-  if (!std::isfinite(t.enqueued_at) || t.enqueued_at < 0) return std::nullopt;
+  // Within what the system clock can represent (until about 2262): shown as a time point.
+  if (!std::isfinite(t.enqueued_at) || t.enqueued_at < 0 || t.enqueued_at > kMaxTime)
+    return std::nullopt;
   std::string priority;
   if (!string_field(j, "priority", 16, priority)) return std::nullopt;
   if (priority == "low") {

@@ -30,17 +30,18 @@ WaitChannel::WaitChannel() : inotify_fd_(::inotify_init1(IN_NONBLOCK | IN_CLOEXE
   // one user) waiting still works, by polling.
 }
 
-void WaitChannel::watch_releases(int lock_dir_fd, bool on) {
-  if (!inotify_fd_ || on == (releases_wd_ >= 0)) return;
+bool WaitChannel::watch_releases(int lock_dir_fd, bool on) {
+  if (!inotify_fd_ || on == (releases_wd_ >= 0)) return false;
   if (!on) {
     ::inotify_rm_watch(inotify_fd_.get(), releases_wd_);
     releases_wd_ = -1;
-    return;
+    return false;
   }
   // Watch the directory we hold open, not a path that could be swapped under us.
   const std::string path = "/proc/self/fd/" + std::to_string(lock_dir_fd);
   releases_wd_ = ::inotify_add_watch(inotify_fd_.get(), path.c_str(), IN_CLOSE_WRITE | IN_ONLYDIR);
   if (releases_wd_ < 0) inotify_fd_.reset();  // out of watches: fall back to polling
+  return true;
 }
 
 bool WaitChannel::watch_ticket(const std::string& path) {
@@ -76,8 +77,12 @@ WaitChannel::Wakeup WaitChannel::drain() {
         woke.release = woke.queue_change = true;  // events were lost: look at everything
       } else if (event->wd == releases_wd_ && releases_wd_ >= 0) {
         if (event->len > 0 && LockDirectory::is_lock_file_name(event->name)) woke.release = true;
-      } else if (event->wd == ticket_wd_ && ticket_wd_ >= 0 && (event->mask & IN_IGNORED) == 0) {
+      } else if (event->wd == ticket_wd_ && ticket_wd_ >= 0) {
         woke.queue_change = true;
+        if ((event->mask & IN_IGNORED) != 0) {  // the kernel dropped the watch: the file is gone
+          ticket_wd_ = -1;
+          ticket_path_.clear();
+        }
       }
     }
   }

@@ -7,8 +7,9 @@
 //     arrival order, each watching the one that arrived before it (the oldest watches the
 //     newest), so when any waiter leaves the queue, dies included, exactly one other wakes,
 //     re-plans and wakes whoever that makes served;
-//   - for the oldest waiter only (the dispatcher), the lock directory (IN_CLOSE_WRITE on lock
-//     files): a lease ended, so it re-plans and wakes whoever is served.
+//   - for the two oldest waiters only (the dispatchers; two, so that one stopped with Ctrl-Z
+//     cannot hold up everyone), the lock directory (IN_CLOSE_WRITE on lock files): a lease
+//     ended, so they re-plan and wake whoever is served.
 // Everyone else stays asleep. Without inotify (per-user limits reached) it polls every 100 ms.
 // Closing an inotify descriptor blocks for a kernel grace period: GpuPool keeps channels for
 // reuse, and reset() makes one fresh for the next waiter.
@@ -28,7 +29,8 @@ class WaitChannel {
   WaitChannel& operator=(const WaitChannel&) = delete;
 
   // Watches the lock directory open at lock_dir_fd for ended leases, or stops watching it.
-  void watch_releases(int lock_dir_fd, bool on);
+  // Returns true if it started watching just now (the caller must then look at the locks again).
+  bool watch_releases(int lock_dir_fd, bool on);
   // Watches the ticket file at `path` (QueueDirectory::watch_path) instead of any other;
   // "" watches none. Returns false if it could not (the ticket is gone already).
   bool watch_ticket(const std::string& path);

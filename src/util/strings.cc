@@ -70,8 +70,10 @@ std::size_t utf8_sequence_length(std::string_view text, std::size_t i, char32_t&
 
 std::string sanitize_for_display(std::string_view text, std::size_t max_length) {
   constexpr std::string_view kEllipsis = "\u2026";  // …
-  std::string out;
-  out.reserve(std::min(text.size(), max_length));
+  // The whole text made safe, with the byte offset where each character ends.
+  std::string safe;
+  std::vector<std::size_t> ends;
+  safe.reserve(std::min(text.size(), max_length + kEllipsis.size()));
   for (std::size_t i = 0; i < text.size();) {
     char32_t code = 0;
     std::size_t length = utf8_sequence_length(text, i, code);
@@ -81,16 +83,19 @@ std::string sanitize_for_display(std::string_view text, std::size_t max_length) 
       piece = "?";
       length = std::max<std::size_t>(length, 1);
     }
-    const bool last = i + length >= text.size();
-    const std::size_t reserve = last ? 0 : kEllipsis.size();
-    if (out.size() + piece.size() + reserve > max_length) {
-      if (out.size() + kEllipsis.size() <= max_length) out += kEllipsis;
-      break;
-    }
-    out += piece;
+    safe += piece;
+    ends.push_back(safe.size());
     i += length;
+    if (safe.size() > max_length + kEllipsis.size()) break;  // enough to know it must be cut
   }
-  return out;
+  if (safe.size() <= max_length) return safe;
+  // Cut on a character boundary, leaving room for the ellipsis.
+  std::size_t keep = 0;
+  for (std::size_t end : ends)
+    if (end + kEllipsis.size() <= max_length) keep = end;
+  safe.resize(keep);
+  if (keep + kEllipsis.size() <= max_length) safe += kEllipsis;
+  return safe;
 }
 
 std::string shell_quote(std::string_view value) {
