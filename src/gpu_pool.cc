@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <map>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -104,8 +105,13 @@ constexpr auto kAcquireMutexGrace = std::chrono::seconds(2);
 void GpuPool::Impl::take_acquire_mutex(Clock::time_point give_up) {
   // Polled rather than blocking (F_OFD_SETLKW), so that a process stopped inside its critical
   // section, or one holding the 0666 mutex file's lock on purpose, cannot hang every request:
-  // they time out (75) with an explanation instead.
-  auto pause = std::chrono::microseconds(50);
+  // they time out (75) with an explanation instead. The mutex is held for well under a
+  // millisecond, so the pause is short and random (a doubling back-off let later arrivals with
+  // short pauses take every free slot from earlier ones); only after 100 ms of failing, when
+  // something is wrong with the holder, does it grow, to spare the CPU.
+  const auto started = Clock::now();
+  auto pause = std::chrono::microseconds(1000);
+  thread_local std::minstd_rand jitter(static_cast<unsigned>(::getpid()));
   while (!try_lock_exclusive(acquire_mutex_fd_.get())) {
     if (Clock::now() >= give_up) {
       throw Error(ErrorCode::kTimedOut,
@@ -113,8 +119,12 @@ void GpuPool::Impl::take_acquire_mutex(Clock::time_point give_up) {
                               "was not released in time (a stopped or misbehaving process?)",
                               (dir.path() / ".acquire.lock").string()));
     }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(10000));
+    if (Clock::now() - started < std::chrono::milliseconds(100)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20 + jitter() % 180));
+    } else {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(10000));
+    }
   }
 }
 

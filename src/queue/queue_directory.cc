@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -45,8 +46,12 @@ UniqueFd above_stdio(UniqueFd fd) {
   return UniqueFd(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3));
 }
 
-std::string read_bounded(int fd) {
-  std::string bytes(kMaxTicketSize + 1, '\0');
+// The file's bytes, at most kMaxTicketSize + 1 (more means too big). `size_hint` (the size fstat
+// gave) keeps the buffer small for the usual ticket of a few hundred bytes.
+std::string read_bounded(int fd, off_t size_hint) {
+  const std::size_t wanted = std::min<std::size_t>(
+      static_cast<std::size_t>(std::max<off_t>(size_hint, 0)) + 1, kMaxTicketSize + 1);
+  std::string bytes(wanted, '\0');
   std::size_t got = 0;
   while (got < bytes.size()) {
     const ssize_t n = ::pread(fd, bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
@@ -143,11 +148,11 @@ QueueDirectory::Listing QueueDirectory::list(bool remove_dead) const {
     }
   }
 
-  std::vector<std::string> ticket_ids;
+  std::set<std::string> ticket_ids;
   for (const auto& name : names) {
     const std::string id = id_of(name, kTicketSuffix);
     if (id.empty()) continue;
-    ticket_ids.push_back(id);
+    ticket_ids.insert(id);
     UniqueFd file(
         ::openat(fd(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
     if (!file) continue;  // gone meanwhile, or a planted symlink
@@ -174,8 +179,7 @@ QueueDirectory::Listing QueueDirectory::list(bool remove_dead) const {
     // A wake FIFO without a ticket: left by a waiter killed while it registered.
     for (const auto& name : names) {
       const std::string id = id_of(name, kWakeSuffix);
-      if (id.empty() || std::find(ticket_ids.begin(), ticket_ids.end(), id) != ticket_ids.end())
-        continue;
+      if (id.empty() || ticket_ids.count(id) > 0) continue;
       struct stat st {};
       if (::fstatat(fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
           (st.st_uid == me || me == 0))
@@ -204,7 +208,7 @@ std::optional<Ticket> QueueDirectory::cached_ticket(const std::string& id, int f
   // Cache only complete tickets: a ticket being registered is empty for a moment.
   if (it != cache_.end() && it->second.inode == st.st_ino && it->second.ticket)
     return it->second.ticket;
-  std::optional<Ticket> ticket = parse_ticket(read_bounded(fd));
+  std::optional<Ticket> ticket = parse_ticket(read_bounded(fd, st.st_size));
   if (cache_.size() > 4096) cache_.clear();
   cache_[id] = CachedTicket{st.st_ino, ticket};
   return ticket;
