@@ -93,8 +93,9 @@ void validate(const LeaseRequest& r) {
 constexpr std::chrono::milliseconds kQuickRechecks[] = {
     std::chrono::milliseconds(1), std::chrono::milliseconds(4), std::chrono::milliseconds(20)};
 
-// How many of the oldest waiters follow releases (see wait_channel.h).
-constexpr std::size_t kDispatchers = 2;
+// How many of the oldest waiters follow releases and departures (see wait_channel.h): with
+// three, a departure is acted on even when two of them are stopped.
+constexpr std::size_t kDispatchers = 3;
 
 // Others hold the machine-wide acquire mutex for microseconds. Even a request that does not
 // wait gets this long before it concludes that something is wrong with the mutex's holder.
@@ -274,8 +275,8 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
   ChannelLoan channel(*this);
   OwnTicket ticket;
   int quick_rechecks = 0;  // left after a wake-up; see kQuickRechecks
-  // The waiters that follow releases (the two oldest), as this waiter last saw them. Whoever
-  // sees a waiter join that pair wakes it, since nothing else tells it of its new role.
+  // The waiters that follow releases (the oldest kDispatchers), as this waiter last saw them.
+  // Whoever sees a waiter join that pair wakes it, since nothing else tells it of its new role.
   std::vector<std::string> seen_dispatchers;
   const auto tell_new_dispatchers = [&](const std::vector<Ticket>& live, bool leaving) {
     std::vector<std::string> now;
@@ -449,12 +450,14 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
         std::size_t k = 0;
         while (k < live.size() && live[k].id != wanted.id) ++k;
         tell_new_dispatchers(live, /*leaving=*/false);
-        // The two oldest waiters follow releases, so that one stopped waiter (Ctrl-Z) cannot
-        // hold up everyone's hand-offs; the others sleep until someone wakes them.
+        // The three oldest waiters follow releases and departures, so that stopped waiters
+        // (Ctrl-Z stops a script's whole process group) cannot hold up everyone's hand-offs
+        // unless three are stopped; the others sleep until someone wakes them.
         dispatcher = k < kDispatchers;
         // Having just started to watch, look at the locks again: a release between our look
         // and the watch would otherwise go unnoticed.
-        if (channel->watch_releases(dir.fd(), dispatcher)) continue;
+        const bool now_following = channel->watch_releases(dir.fd(), dispatcher);
+        if (channel->watch_departures(queue.fd(), dispatcher) || now_following) continue;
         const Ticket* watched = k > 0 ? &live[k - 1] : live.size() > 1 ? &live.back() : nullptr;
         if (watched) {
           // Watch first, then check it still waits, so that its leaving is never missed.
@@ -539,7 +542,9 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
       const WaitChannel::Wakeup woke = channel->wait(ticket.wake_fd(), slice);
       if (hooks.interrupted && hooks.interrupted())
         throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
-      if (woke.release) quick_rechecks = static_cast<int>(std::size(kQuickRechecks));
+      // The kernel reports a close just before it drops the closed file's lock (a lease's,
+      // or a dead waiter's ticket's): look again shortly after any wake-up.
+      if (!woke.timed_out()) quick_rechecks = static_cast<int>(std::size(kQuickRechecks));
       const auto now = Clock::now();
       if (!woke.timed_out() || now >= wake_at || now >= deadline || hooks.progress_refresh) break;
     }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <string_view>
 #include <thread>
 
 #include "gpulock/error.hpp"
@@ -44,6 +45,23 @@ bool WaitChannel::watch_releases(int lock_dir_fd, bool on) {
   return true;
 }
 
+bool WaitChannel::watch_departures(int queue_dir_fd, bool on) {
+  if (!inotify_fd_ || on == (departures_wd_ >= 0)) return false;
+  if (!on) {
+    ::inotify_rm_watch(inotify_fd_.get(), departures_wd_);
+    departures_wd_ = -1;
+    return false;
+  }
+  const std::string path = "/proc/self/fd/" + std::to_string(queue_dir_fd);
+  departures_wd_ =
+      ::inotify_add_watch(inotify_fd_.get(), path.c_str(), IN_CLOSE_WRITE | IN_ONLYDIR);
+  if (departures_wd_ < 0) {
+    inotify_fd_.reset();  // out of watches: fall back to polling
+    releases_wd_ = ticket_wd_ = -1;
+  }
+  return true;
+}
+
 bool WaitChannel::watch_ticket(const std::string& path) {
   if (!inotify_fd_) return true;
   if (path == ticket_path_ && (ticket_wd_ >= 0 || path.empty())) return true;
@@ -56,7 +74,7 @@ bool WaitChannel::watch_ticket(const std::string& path) {
   if (ticket_wd_ < 0) {
     if (errno == ENOENT) return false;
     inotify_fd_.reset();  // out of watches: fall back to polling
-    releases_wd_ = -1;
+    releases_wd_ = departures_wd_ = -1;
     return true;
   }
   ticket_path_ = path;
@@ -77,6 +95,9 @@ WaitChannel::Wakeup WaitChannel::drain() {
         woke.release = woke.queue_change = true;  // events were lost: look at everything
       } else if (event->wd == releases_wd_ && releases_wd_ >= 0) {
         if (event->len > 0 && LockDirectory::is_lock_file_name(event->name)) woke.release = true;
+      } else if (event->wd == departures_wd_ && departures_wd_ >= 0) {
+        const std::string_view name = event->len > 0 ? event->name : "";
+        if (name.ends_with(".ticket")) woke.queue_change = true;
       } else if (event->wd == ticket_wd_ && ticket_wd_ >= 0) {
         woke.queue_change = true;
         if ((event->mask & IN_IGNORED) != 0) {  // the kernel dropped the watch: the file is gone
@@ -124,12 +145,13 @@ WaitChannel::Wakeup WaitChannel::wait(int wake_fd, std::chrono::milliseconds tim
 void WaitChannel::reset() {
   if (inotify_fd_) {
     if (releases_wd_ >= 0) ::inotify_rm_watch(inotify_fd_.get(), releases_wd_);
+    if (departures_wd_ >= 0) ::inotify_rm_watch(inotify_fd_.get(), departures_wd_);
     if (ticket_wd_ >= 0) ::inotify_rm_watch(inotify_fd_.get(), ticket_wd_);
     drain();
   } else {
     inotify_fd_.reset(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));  // try inotify again
   }
-  releases_wd_ = ticket_wd_ = -1;
+  releases_wd_ = departures_wd_ = ticket_wd_ = -1;
   ticket_path_.clear();
 }
 

@@ -7,9 +7,11 @@
 //     arrival order, each watching the one that arrived before it (the oldest watches the
 //     newest), so when any waiter leaves the queue, dies included, exactly one other wakes,
 //     re-plans and wakes whoever that makes served;
-//   - for the two oldest waiters only (the dispatchers; two, so that one stopped with Ctrl-Z
-//     cannot hold up everyone), the lock directory (IN_CLOSE_WRITE on lock files): a lease
-//     ended, so they re-plan and wake whoever is served.
+//   - for the three oldest waiters only (the dispatchers; three, so that waiters stopped with
+//     Ctrl-Z cannot hold up everyone unless three are), the lock directory (IN_CLOSE_WRITE on lock
+//     files): a lease ended, so they re-plan and wake whoever is served; and the queue directory
+//     (the close of any ticket), so that a departure is acted on even if its ring watcher is
+//     stopped.
 // Everyone else stays asleep. Without inotify (per-user limits reached) it polls every 100 ms.
 // Closing an inotify descriptor blocks for a kernel grace period: GpuPool keeps channels for
 // reuse, and reset() makes one fresh for the next waiter.
@@ -31,6 +33,12 @@ class WaitChannel {
   // Watches the lock directory open at lock_dir_fd for ended leases, or stops watching it.
   // Returns true if it started watching just now (the caller must then look at the locks again).
   bool watch_releases(int lock_dir_fd, bool on);
+  // Watches the queue directory open at queue_dir_fd for waiters leaving it (the close of any
+  // ticket, death included), or stops watching it: the dispatchers re-plan then, so that a
+  // departure is acted on even when the one waiter watching that ticket is stopped. Returns
+  // true if it started watching just now (the caller must then look at the queue again).
+  bool watch_departures(int queue_dir_fd, bool on);
+
   // Watches the ticket file at `path` (QueueDirectory::watch_path) instead of any other;
   // "" watches none. Returns false if it could not (the ticket is gone already).
   bool watch_ticket(const std::string& path);
@@ -50,6 +58,7 @@ class WaitChannel {
   Wakeup drain();
   UniqueFd inotify_fd_;
   int releases_wd_ = -1;
+  int departures_wd_ = -1;
   int ticket_wd_ = -1;
   std::string ticket_path_;
 };
