@@ -96,6 +96,8 @@ constexpr std::chrono::milliseconds kQuickRechecks[] = {
 // How many of the oldest waiters follow releases and departures (see wait_channel.h): with
 // three, a departure is acted on even when two of them are stopped.
 constexpr std::size_t kDispatchers = 3;
+// How long the backup dispatchers wait before they act on a release or departure.
+constexpr std::chrono::milliseconds kBackupDelay{2};
 
 // Others hold the machine-wide acquire mutex for microseconds. Even a request that does not
 // wait gets this long before it concludes that something is wrong with the mutex's holder.
@@ -333,6 +335,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
     QueueSnapshot snapshot;
     std::size_t me = 0;
     bool dispatcher = false;
+    bool backup_dispatcher = false;  // a dispatcher other than the oldest waiter
     {
       std::lock_guard<std::mutex> guard(acquire_mutex_);
       if (!acquire_mutex_fd_) acquire_mutex_fd_ = dir.open_acquire_mutex();
@@ -438,6 +441,10 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
         channel.take();
         QueueDirectory& queue = *queue_dir(true);
         ticket = queue.enter(wanted);
+        // The dispatchers as they are now: our own arrival is no news to them.
+        seen_dispatchers.clear();
+        for (std::size_t i = 0; i < listing.live.size() && i < kDispatchers; ++i)
+          seen_dispatchers.push_back(listing.live[i].id);
         // The oldest waiter watched the newest before us; it must watch us now.
         if (!listing.live.empty()) queue.wake(listing.live.front().id);
         continue;
@@ -454,6 +461,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
         // (Ctrl-Z stops a script's whole process group) cannot hold up everyone's hand-offs
         // unless three are stopped; the others sleep until someone wakes them.
         dispatcher = k < kDispatchers;
+        backup_dispatcher = dispatcher && k > 0;
         // Having just started to watch, look at the locks again: a release between our look
         // and the watch would otherwise go unnoticed.
         const bool now_following = channel->watch_releases(dir.fd(), dispatcher);
@@ -530,12 +538,12 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
     }
     const auto wake_at = Clock::now() + sleep;
     while (true) {
-      auto slice = std::chrono::duration_cast<std::chrono::milliseconds>(wake_at - Clock::now());
+      // Rounded up: rounding down would make the last millisecond of every sleep a busy loop.
+      auto slice = std::chrono::ceil<std::chrono::milliseconds>(wake_at - Clock::now());
       if (hooks.interrupted) slice = std::min(slice, hooks.interrupt_poll);
       if (hooks.progress_refresh) slice = std::min(slice, *hooks.progress_refresh);
       if (deadline != Clock::time_point::max()) {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
         slice = std::min(slice, left + std::chrono::milliseconds(1));
       }
       slice = std::max(slice, std::chrono::milliseconds(0));
@@ -545,6 +553,11 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
       // The kernel reports a close just before it drops the closed file's lock (a lease's,
       // or a dead waiter's ticket's): look again shortly after any wake-up.
       if (!woke.timed_out()) quick_rechecks = static_cast<int>(std::size(kQuickRechecks));
+      if (!woke.timed_out() && backup_dispatcher) {
+        // The oldest waiter normally handles this at once; the others are its backups (for
+        // when it is stopped) and give it, and the waiter it serves, the mutex first.
+        channel->wait(ticket.wake_fd(), kBackupDelay);
+      }
       const auto now = Clock::now();
       if (!woke.timed_out() || now >= wake_at || now >= deadline || hooks.progress_refresh) break;
     }

@@ -123,8 +123,9 @@ WaitChannel::Wakeup WaitChannel::wait(int wake_fd, std::chrono::milliseconds tim
   Wakeup woke = drain();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (woke.timed_out()) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    // Rounded up: rounding down would make the last millisecond a busy loop.
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) break;
     pollfd p[2] = {{inotify_fd_.get(), POLLIN, 0}, {wake_fd, POLLIN, 0}};
     const int ready = ::poll(p, wake_fd >= 0 ? 2 : 1,
