@@ -90,8 +90,10 @@ void validate(const LeaseRequest& r) {
 // The kernel queues IN_CLOSE_WRITE just before it drops the closed file's OFD lock, so a waiter
 // woken by a release can find the lock still held for a moment. After each wake-up it therefore
 // checks again after these short pauses (or at once on a further event) before sleeping long.
+// The later ones cover a closing process preempted between the two steps on a loaded machine.
 constexpr std::chrono::milliseconds kQuickRechecks[] = {
-    std::chrono::milliseconds(1), std::chrono::milliseconds(4), std::chrono::milliseconds(20)};
+    std::chrono::milliseconds(1), std::chrono::milliseconds(4), std::chrono::milliseconds(20),
+    std::chrono::milliseconds(100), std::chrono::milliseconds(500)};
 
 // How many of the oldest waiters follow releases and departures (see wait_channel.h): with
 // three, a departure is acted on even when two of them are stopped.

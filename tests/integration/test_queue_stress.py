@@ -13,7 +13,7 @@ Two audits, independent of gpulock:
     being lost, while a lost wake-up leaves one GPU idle for the whole stall.
 
 A lost wake-up shows as a stall until a safety re-check (10 s for the dispatcher, 60 s for the
-others), so the bound on a stall (STALL) is far below 10 s yet generous for a loaded 2-core
+others), so the bound on a stall (STALL) is below 10 s yet generous for a loaded 2-core
 machine running sanitizers. No other assertion depends on speed.
 
 Some tests widen a race window with strace's syscall delay injection (a preemption at a chosen
@@ -39,7 +39,11 @@ from conftest import HANG, PYTHON, wait_until
 GPUS = 4
 SEED = int(os.environ.get("GPULOCK_STRESS_SEED", "0"))
 # Longest acceptable time a usable GPU stays idle while a request waits (see the docstring).
-STALL = 3.0
+# A lost wake-up waits for a safety re-check: 10 s for the dispatchers, 60 s for the others.
+# 8 s stays below that while leaving room for a loaded 2-core CI machine running the
+# sanitizer builds, where 64 processes starting at once planned for 3.6 s before the first
+# hand-offs (seen once in CI; 0.1-0.2 s is usual).
+STALL = 8.0
 
 # The audited job. argv: audit directory, request name, seconds to hold the GPUs.
 JOB = r"""
