@@ -9,15 +9,18 @@ Environment:
   GPULOCK_BUILD_DIR  the build directory (informational)
 """
 
+import fcntl
 import json
 import os
 import pathlib
 import pwd
 import secrets
+import select
 import shutil
 import signal
 import subprocess
 import tempfile
+import termios
 import time
 
 import pytest
@@ -72,6 +75,56 @@ def wait_until(predicate, timeout=SHORT_HANG, interval=0.05, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError("timed out (hang guard, %ss) waiting for %s" % (timeout, what))
         time.sleep(interval)
+
+
+class Terminal:
+    """A command run as the session leader of a new pseudo-terminal, as in an interactive shell.
+    `text()` is everything it wrote so far; `write()` types into the terminal (b"\\x03" is ^C).
+    Use as a context manager: on exit its process group is killed and the terminal closed."""
+
+    def __init__(self, argv, env, cwd):
+        self.master, slave = os.openpty()
+
+        def become_terminal_session():
+            # A shell cannot trap a signal ignored when it started (POSIX), and SIGINT is
+            # ignored in background jobs of non-interactive shells, which may be how the suite
+            # runs.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.setsid()
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env,
+                                     cwd=cwd, preexec_fn=become_terminal_session)
+        os.close(slave)
+        self.output = bytearray()
+
+    def drain(self):
+        while select.select([self.master], [], [], 0)[0]:
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.output.extend(chunk)
+
+    def text(self):
+        self.drain()
+        return self.output.decode(errors="replace")
+
+    def write(self, data):
+        os.write(self.master, data)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=HANG)
+        os.close(self.master)
 
 
 def _proc_environ(pid):

@@ -10,18 +10,15 @@ waiting for each waiter to be listed by `gpulock queue --json` before starting t
 Every timeout is only a hang guard.
 """
 
-import fcntl
 import json
 import os
 import re
-import select
 import signal
 import subprocess
-import termios
 
 import pytest
 
-from conftest import (EX_TEMPFAIL, EX_UNAVAILABLE, HANG, sim_uuid, wait_until)
+from conftest import EX_TEMPFAIL, EX_UNAVAILABLE, HANG, Terminal, sim_uuid, wait_until
 
 EX_CONFIG = 78
 
@@ -564,46 +561,17 @@ def test_queue_views_and_killed_waiter(mu):
 def test_waiting_line_on_terminal(gl):
     env = gl.env(fake=1)
     holder, lease = gl.hold("--gpus", "0", env=env)
-    master, slave = os.openpty()
-
-    def become_terminal_session():
-        os.setsid()
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-    proc = subprocess.Popen(gl.cmd("run", "-n", "1", "--", "true"), stdin=slave, stdout=slave,
-                            stderr=slave, env=env, cwd=gl.tmp,
-                            preexec_fn=become_terminal_session)
-    os.close(slave)
-    output = bytearray()
-
-    def drain():
-        while select.select([master], [], [], 0)[0]:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:
-                return
-            if not chunk:
-                return
-            output.extend(chunk)
-
     line = re.compile(r"waiting \S+ for 1 GPU, position 1 of 1: [^\r\n]*%s" % lease)
-    try:
-        wait_until(lambda: (drain(), line.search(output.decode(errors="replace"))
-                            or proc.poll() is not None)[1],
+    with Terminal(gl.cmd("run", "-n", "1", "--", "true"), env, gl.tmp) as terminal:
+        proc = terminal.proc
+        wait_until(lambda: line.search(terminal.text()) or proc.poll() is not None,
                    timeout=HANG, what="the live waiting line")
-        text = output.decode(errors="replace")
+        text = terminal.text()
         assert proc.poll() is None, text
         assert line.search(text), text
         assert "\r\033[K" in text, text  # redrawn in place, not scrolled
         holder.kill_group()
-        assert proc.wait(timeout=HANG) == 0, bytes(output)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=HANG)
-        os.close(master)
+        assert proc.wait(timeout=HANG) == 0, bytes(terminal.output)
 
 
 def test_waiting_log_line_when_not_a_terminal(gl):

@@ -1,17 +1,14 @@
 """`gpulock run`: the command's environment, exit status, signals, CUDA_VISIBLE_DEVICES."""
 
-import fcntl
 import json
 import os
 import re
-import select
 import signal
 import subprocess
-import termios
 
 import pytest
 
-from conftest import EX_UNAVAILABLE, EX_USAGE, HANG, sim_uuid, wait_until
+from conftest import EX_UNAVAILABLE, EX_USAGE, HANG, Terminal, sim_uuid, wait_until
 
 ENV_DUMP = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
             "('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER', 'GPULOCK_LEASE_ID', 'GPULOCK_GPUS')}))")
@@ -183,44 +180,15 @@ def test_terminal_interrupt_reaches_command_once(gl):
     ready = gl.tmp / "ready"
     script = ('trap \'echo int >> "$1"\' INT; trap \'echo usr1 >> "$1"; exit 0\' USR1; '
               'echo up > "$2"; while :; do sleep 0.05; done')
-    master, slave = os.openpty()
-
-    def become_terminal_session():
-        # A shell cannot trap a signal ignored when it started (POSIX), and SIGINT is ignored
-        # in background jobs of non-interactive shells, which may be how the suite runs.
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.setsid()
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-    proc = subprocess.Popen(gl.cmd("run", "--", "sh", "-c", script, "cmd", log, ready),
-                            stdin=slave, stdout=slave, stderr=slave, env=gl.env(), cwd=gl.tmp,
-                            preexec_fn=become_terminal_session)
-    os.close(slave)
-    output = bytearray()
-
-    def drain():
-        while select.select([master], [], [], 0)[0]:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:
-                return
-            if not chunk:
-                return
-            output.extend(chunk)
-    try:
-        wait_until(lambda: (drain(), ready.exists() or proc.poll() is not None)[1],
+    with Terminal(gl.cmd("run", "--", "sh", "-c", script, "cmd", log, ready), gl.env(),
+                  gl.tmp) as terminal:
+        proc = terminal.proc
+        wait_until(lambda: (terminal.drain(), ready.exists() or proc.poll() is not None)[1],
                    what="the command to start")
-        assert proc.poll() is None, bytes(output)
-        os.write(master, b"\x03")  # ^C: the terminal sends SIGINT to the foreground group
-        wait_until(lambda: (drain(), log.exists() and "int" in log.read_text())[1],
+        assert proc.poll() is None, bytes(terminal.output)
+        terminal.write(b"\x03")  # ^C: the terminal sends SIGINT to the foreground group
+        wait_until(lambda: (terminal.drain(), log.exists() and "int" in log.read_text())[1],
                    what="the command to see SIGINT")
         os.kill(proc.pid, signal.SIGUSR1)
-        assert proc.wait(timeout=HANG) == 0, bytes(output)
-        assert log.read_text().split() == ["int", "usr1"], bytes(output)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=HANG)
-        os.close(master)
+        assert proc.wait(timeout=HANG) == 0, bytes(terminal.output)
+        assert log.read_text().split() == ["int", "usr1"], bytes(terminal.output)
