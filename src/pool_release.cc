@@ -12,7 +12,7 @@
 
 #include "gpu_pool_impl.h"
 #include "gpulock/error.hpp"
-#include "local/release_watcher.h"
+#include "queue/wait_channel.h"
 #include "process/process_identity.h"
 #include "util/random_id.h"
 #include "util/strings.h"
@@ -99,7 +99,9 @@ void GpuPool::Impl::release(const std::string& lease_id) {
                             "holding it; the lease ends when the processes holding it exit",
                             lease_id, pid));
 
-  ReleaseWatcher watcher(dir.fd());
+  // Watch before signalling, so that the release cannot come before the watch.
+  WaitChannel releases;
+  releases.watch_releases(dir.fd(), true);
   if (!send_signal(pidfd.get(), pid, SIGTERM)) {
     throw Error(errno == EPERM ? ErrorCode::kPermissionDenied : ErrorCode::kInternal,
                 fmt::format("cannot stop the holder of lease {} (pid {}): {}", lease_id, pid,
@@ -113,7 +115,7 @@ void GpuPool::Impl::release(const std::string& lease_id) {
       if (p.locked && p.record && p.record->lease_id == lease_id) still_held = true;
     }
     if (!still_held) return;
-    watcher.wait(std::chrono::milliseconds(200));
+    releases.wait(/*wake_fd=*/-1, std::chrono::milliseconds(200));
   }
   throw Error(ErrorCode::kInternal,
               fmt::format("lease {}: its holder (pid {}) was asked to stop but still holds it",

@@ -31,35 +31,34 @@ WaitChannel::WaitChannel() : inotify_fd_(::inotify_init1(IN_NONBLOCK | IN_CLOEXE
   // one user) waiting still works, by polling.
 }
 
-bool WaitChannel::watch_releases(int lock_dir_fd, bool on) {
-  if (!inotify_fd_ || on == (releases_wd_ >= 0)) return false;
+bool WaitChannel::watch_directory(int dir_fd, bool on, int& wd) {
+  if (!inotify_fd_ || on == (wd >= 0)) return false;
   if (!on) {
-    ::inotify_rm_watch(inotify_fd_.get(), releases_wd_);
-    releases_wd_ = -1;
+    ::inotify_rm_watch(inotify_fd_.get(), wd);
+    wd = -1;
     return false;
   }
   // Watch the directory we hold open, not a path that could be swapped under us.
-  const std::string path = "/proc/self/fd/" + std::to_string(lock_dir_fd);
-  releases_wd_ = ::inotify_add_watch(inotify_fd_.get(), path.c_str(), IN_CLOSE_WRITE | IN_ONLYDIR);
-  if (releases_wd_ < 0) inotify_fd_.reset();  // out of watches: fall back to polling
+  const std::string path = "/proc/self/fd/" + std::to_string(dir_fd);
+  wd = ::inotify_add_watch(inotify_fd_.get(), path.c_str(), IN_CLOSE_WRITE | IN_ONLYDIR);
+  if (wd < 0) fall_back_to_polling();
   return true;
 }
 
+bool WaitChannel::watch_releases(int lock_dir_fd, bool on) {
+  return watch_directory(lock_dir_fd, on, releases_wd_);
+}
+
 bool WaitChannel::watch_departures(int queue_dir_fd, bool on) {
-  if (!inotify_fd_ || on == (departures_wd_ >= 0)) return false;
-  if (!on) {
-    ::inotify_rm_watch(inotify_fd_.get(), departures_wd_);
-    departures_wd_ = -1;
-    return false;
-  }
-  const std::string path = "/proc/self/fd/" + std::to_string(queue_dir_fd);
-  departures_wd_ =
-      ::inotify_add_watch(inotify_fd_.get(), path.c_str(), IN_CLOSE_WRITE | IN_ONLYDIR);
-  if (departures_wd_ < 0) {
-    inotify_fd_.reset();  // out of watches: fall back to polling
-    releases_wd_ = ticket_wd_ = -1;
-  }
-  return true;
+  return watch_directory(queue_dir_fd, on, departures_wd_);
+}
+
+void WaitChannel::fall_back_to_polling() {
+  // Out of watches (fs.inotify.max_user_watches): every wait() then reports "maybe" after at
+  // most 100 ms, whatever was being watched.
+  inotify_fd_.reset();
+  releases_wd_ = departures_wd_ = ticket_wd_ = -1;
+  ticket_path_.clear();
 }
 
 bool WaitChannel::watch_ticket(const std::string& path) {
@@ -73,8 +72,7 @@ bool WaitChannel::watch_ticket(const std::string& path) {
                                    IN_CLOSE_WRITE | IN_DELETE_SELF | IN_DONT_FOLLOW);
   if (ticket_wd_ < 0) {
     if (errno == ENOENT) return false;
-    inotify_fd_.reset();  // out of watches: fall back to polling
-    releases_wd_ = departures_wd_ = -1;
+    fall_back_to_polling();
     return true;
   }
   ticket_path_ = path;

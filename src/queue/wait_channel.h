@@ -55,6 +55,9 @@ class WaitChannel {
   void reset();
 
  private:
+  // Adds (on) or removes the IN_CLOSE_WRITE watch `wd` on the directory open at dir_fd.
+  bool watch_directory(int dir_fd, bool on, int& wd);
+  void fall_back_to_polling();
   Wakeup drain();
   UniqueFd inotify_fd_;
   int releases_wd_ = -1;
