@@ -23,18 +23,13 @@
 #include "selection.h"
 #include "util/random_id.h"
 #include "util/strings.h"
+#include "util/unix_time.h"
 #include "visible_devices.h"
 
 namespace gpulock {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// One device considered for a request, and what stands in its way.
-struct Candidate {
-  const Device* device = nullptr;
-  std::string unready;  // why it cannot serve it now ("" if healthy)
-};
 
 // Resolves the request's explicit GPU names to devices. Throws for unknown or ambiguous names.
 std::vector<const Device*> resolve_explicit(const std::vector<Device>& devices,
@@ -225,7 +220,7 @@ std::optional<Lease> GpuPool::Impl::try_lock(const std::vector<const Device*>& c
   record.holder = self_process_id();
   record.command = request.command;
   record.label = request.label;
-  record.started_at = std::chrono::duration<double>(impl->started_at.time_since_epoch()).count();
+  record.started_at = unix_seconds(impl->started_at);
   for (const auto& gpu : impl->gpus) record.gpus.push_back(gpu.uuid);
   impl->write_records();
   return Lease(std::move(impl));
@@ -264,8 +259,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
   wanted.uid = ::geteuid();
   wanted.user = user;
   wanted.process = self_process_id();
-  wanted.enqueued_at =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  wanted.enqueued_at = unix_seconds(std::chrono::system_clock::now());
   wanted.priority = request.priority;
   wanted.needed = static_cast<unsigned>(needed);
   wanted.named_gpus = !request.gpus.empty();

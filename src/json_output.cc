@@ -1,5 +1,6 @@
 // JSON rendering of status and device inventory (schema in docs/json.md).
 #include "gpulock/json_output.hpp"
+#include "util/unix_time.h"
 
 #include <nlohmann/json.hpp>
 
@@ -11,10 +12,6 @@ using nlohmann::json;
 template <typename T>
 json optional_value(const std::optional<T>& value) {
   return value ? json(*value) : json(nullptr);
-}
-
-double unix_seconds(std::chrono::system_clock::time_point t) {
-  return std::chrono::duration<double>(t.time_since_epoch()).count();
 }
 
 json device_json(const Device& d) {

@@ -10,6 +10,7 @@
 #include "device_fitness.h"
 #include "gpu_pool_impl.h"
 #include "process/process_identity.h"
+#include "util/unix_time.h"
 
 namespace gpulock {
 namespace {
@@ -236,9 +237,7 @@ QueueStatus GpuPool::Impl::queue_status(const std::vector<Device>* devices) {
     if (t.named_gpus) e.gpus_named = t.candidates;
     e.label = t.label;
     e.command = t.command;
-    e.waiting_since = std::chrono::system_clock::time_point(
-        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-            std::chrono::duration<double>(t.enqueued_at)));
+    e.waiting_since = from_unix_seconds(t.enqueued_at);
     e.standing = placement.standing;
     if (placement.standing == QueueStanding::kWaiting) e.reserved_gpus = placement.gpus;
     e.blocked_by = snapshot.blocked_by(placement.request, config);

@@ -7,6 +7,7 @@
 #include "gpu_pool_impl.h"
 #include "gpulock/error.hpp"
 #include "process/process_identity.h"
+#include "util/unix_time.h"
 
 namespace gpulock {
 namespace {
@@ -23,9 +24,7 @@ HolderInfo holder_info(const HolderRecord& r) {
   for (const auto& m : r.members) info.member_pids.push_back(m.pid);
   info.command = r.command;
   info.label = r.label;
-  info.started_at = std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(
-          std::chrono::duration<double>(r.started_at)));
+  info.started_at = from_unix_seconds(r.started_at);
   info.gpus = r.gpus;
   return info;
 }
