@@ -220,9 +220,12 @@ QueueStatus GpuPool::Impl::queue_status(const std::vector<Device>* devices) {
   QueueStatus status;
   status.policy = queue_policy_name(config.policy);
   status.config_source = config.source;
+  const QueueDirectory::Listing listing = list_queue(false);
+  status.warnings = listing.warnings;
+  // Nobody waits (the usual case): nothing to plan, so no device query or lock probes.
+  if (listing.live.empty()) return status;
   const QueueSnapshot snapshot =
-      plan(devices ? *devices : source->devices(), list_queue(false), nullptr, true);
-  status.warnings = snapshot.warnings;
+      plan(devices ? *devices : source->devices(), listing, nullptr, true);
   for (std::size_t position = 0; position < snapshot.plan.order.size(); ++position) {
     const Placement& placement = snapshot.plan.order[position];
     const Ticket& t = snapshot.tickets[placement.request];
