@@ -35,6 +35,7 @@
 #include <gpulock/gpulock.hpp>
 
 #include "bench_support.h"
+#include "process_probe.h"
 
 namespace {
 
@@ -210,29 +211,8 @@ BENCHMARK(BM_HandoffThread)
 
 // ---- Waiter in a child process ------------------------------------------------------------
 
-bool write_all(int fd, const void* data, std::size_t size) {
-  const auto* bytes = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, bytes, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    bytes += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-bool read_all(int fd, void* data, std::size_t size) {
-  auto* bytes = static_cast<char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::read(fd, bytes, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    bytes += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
+using gpulock_bench::read_all;
+using gpulock_bench::write_all;
 
 // Child: on 'g', acquire (reporting 'b' once blocked), then send 'd' and the acquisition time
 // in nanoseconds of CLOCK_MONOTONIC; on 'q' or EOF, exit.
