@@ -1,0 +1,243 @@
+"""``gpulock.lease()``: exclusive use of GPUs for this process, as a context manager.
+
+The lease is a set of kernel locks held by this process. It ends when the ``with`` block ends,
+when ``release()`` is called, when the object is garbage-collected, or when the process ends in
+any way (SIGKILL and the OOM killer included): it can never go stale. Child processes made with
+``fork`` (e.g. ``multiprocessing`` workers) share it, and the GPUs stay leased until the last of
+them ends; programs started with ``subprocess`` do not hold it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+import warnings
+from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+
+from . import _native
+from ._errors import CudaAlreadyInitializedWarning, InvalidRequest
+from ._pool import default_pool
+
+log = logging.getLogger("gpulock")
+
+GpuSpec = Union[None, int, str, Iterable[Union[int, str]]]
+SizeSpec = Union[None, int, str]
+
+
+def _gpu_list(gpus: GpuSpec) -> List[str]:
+    if gpus is None:
+        return []
+    if isinstance(gpus, bool):
+        raise InvalidRequest("gpus must be GPU indices or UUIDs, not a bool")
+    if isinstance(gpus, int):
+        return [str(gpus)]
+    if isinstance(gpus, str):
+        return list(_native.parse_gpu_list(gpus))
+    entries: List[str] = []
+    for gpu in gpus:
+        if isinstance(gpu, bool) or not isinstance(gpu, (int, str)):
+            raise InvalidRequest(f"gpus: {gpu!r} is neither a GPU index nor a UUID")
+        entries.extend(_native.parse_gpu_list(str(gpu)))
+    if not entries:
+        raise InvalidRequest("gpus is empty: name at least one GPU, or pass None for any")
+    return entries
+
+
+def _size_in_bytes(size: SizeSpec, name: str) -> Optional[int]:
+    if size is None:
+        return None
+    if isinstance(size, bool):
+        raise InvalidRequest(f"{name} must be a number of bytes or a size such as '20G'")
+    if isinstance(size, int):
+        if size < 0:
+            raise InvalidRequest(f"{name} must not be negative")
+        return size
+    if isinstance(size, str):
+        return int(_native.parse_size(size))
+    raise InvalidRequest(f"{name} must be a number of bytes or a size such as '20G', not {size!r}")
+
+
+def _command_line() -> str:
+    """What `gpulock status` shows for the lease: e.g. "python3 train.py --lr 0.1"."""
+    program = os.path.basename(sys.executable) or "python"
+    return shlex.join([program] + [str(a) for a in sys.argv])[:1000]
+
+
+def cuda_initialized() -> bool:
+    """True if CUDA is already initialised in this process (by any framework), so that
+    CUDA_VISIBLE_DEVICES can no longer take effect in it."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                return True
+        except Exception:  # an unusual torch build; the driver check below still applies
+            pass
+    return bool(_native.cuda_initialized())
+
+
+def _log_progress(progress: Dict[str, Any]) -> None:
+    log.info(
+        "waiting %.0fs, position %d of %d: %s",
+        progress["waited"],
+        progress["position"],
+        progress["queue_length"],
+        progress["blocked_by"],
+    )
+
+
+class Lease:
+    """GPUs leased to this process. Use as a context manager, or call ``release()``."""
+
+    def __init__(self, native: "_native.Lease", visible: str, set_env: bool) -> None:
+        self._native = native
+        gpus = native.gpus
+        self.id: str = native.id
+        self.gpus: List[str] = [g["uuid"] for g in gpus]
+        self.indices: List[int] = [g["index"] for g in gpus]
+        self.display_indices: List[str] = [g["display_index"] for g in gpus]
+        self.names: List[str] = [g["name"] for g in gpus]
+        self.started_at: float = native.started_at
+        self.cuda_visible_devices: str = native.cuda_visible_devices(visible)
+        self._environment: Dict[str, str] = dict(native.environment(visible))
+        self._saved: Optional[Dict[str, Optional[str]]] = None
+        if set_env:
+            self._set_environment()
+
+    @property
+    def active(self) -> bool:
+        """True until the lease is released."""
+        return bool(self._native.active)
+
+    @property
+    def environment(self) -> Dict[str, str]:
+        """What the lease sets: CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, GPULOCK_LEASE_ID and
+        GPULOCK_GPUS, e.g. for ``subprocess.run(..., env={**os.environ, **lease.environment})``."""
+        return dict(self._environment)
+
+    def _set_environment(self) -> None:
+        if cuda_initialized():
+            warnings.warn(
+                CudaAlreadyInitializedWarning(
+                    f"gpulock: CUDA was initialised in this process before lease {self.id} set "
+                    f"CUDA_VISIBLE_DEVICES={self.cuda_visible_devices}, so this process still sees "
+                    "every GPU. Take the lease before the first CUDA call (e.g. before "
+                    "torch.cuda is used), or select the device explicitly, e.g. "
+                    f"torch.device('cuda:{self.indices[0]}') with CUDA_DEVICE_ORDER=PCI_BUS_ID."
+                ),
+                stacklevel=4,
+            )
+        self._saved = {name: os.environ.get(name) for name in self._environment}
+        os.environ.update(self._environment)
+
+    def _restore_environment(self) -> None:
+        saved, self._saved = self._saved, None
+        if saved is None:
+            return
+        for name, value in self._environment.items():
+            if os.environ.get(name) != value:
+                continue  # changed by someone else since: leave their value
+            previous = saved.get(name)
+            if previous is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = previous
+
+    def release(self) -> None:
+        """Releases the GPUs now (forked children that share the lease keep holding it), and
+        restores the environment variables the lease set. Releasing twice is harmless."""
+        self._restore_environment()
+        self._native.release()
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "released"
+        return f"<gpulock.Lease {self.id} GPUs {','.join(self.display_indices)} {state}>"
+
+
+def lease(
+    count: int = 1,
+    gpus: GpuSpec = None,
+    min_free_mem: SizeSpec = None,
+    max_util: Optional[int] = None,
+    timeout: Optional[float] = None,
+    wait: bool = True,
+    label: Optional[str] = None,
+    *,
+    max_power: Optional[float] = None,
+    allow_foreign: bool = False,
+    priority: str = "normal",
+    visible: str = "index",
+    set_env: bool = True,
+    respect_visible_devices: bool = True,
+    among: GpuSpec = None,
+    lock_dir: Optional[str] = None,
+    on_wait: Optional[Callable[[Dict[str, Any]], None]] = _log_progress,
+) -> Lease:
+    """Leases GPUs for this process, waiting in the machine's fair queue until they are free.
+
+    ``count`` GPUs of any kind, or exactly ``gpus`` (an index, a UUID or its unique prefix, a
+    list of them, or a string such as ``"0,2"``; ``count`` is then ignored). Health filters:
+    ``min_free_mem`` (bytes, or a size such as ``"20G"``), ``max_util`` (percent), ``max_power``
+    (watts); GPUs running processes of people not using gpulock are skipped unless
+    ``allow_foreign``. ``timeout`` (seconds) bounds the wait; ``wait=False`` fails at once
+    (``Unavailable``) unless the GPUs are free now. ``priority="low"`` waits behind every
+    normal request. ``label`` is shown by ``gpulock status``.
+
+    Unless ``set_env=False``, sets CUDA_VISIBLE_DEVICES (indices, or UUIDs with
+    ``visible="uuid"``), CUDA_DEVICE_ORDER=PCI_BUS_ID, GPULOCK_LEASE_ID and GPULOCK_GPUS in
+    ``os.environ`` until the lease ends, and warns (``CudaAlreadyInitializedWarning``) if CUDA
+    is already initialised here. If CUDA_VISIBLE_DEVICES is set already, only those GPUs are
+    candidates unless ``respect_visible_devices=False``. ``among`` (GPUs as for ``gpus``)
+    limits the candidates for ``count`` GPUs instead.
+
+    ``on_wait`` is called with a dict (``waited``, ``position``, ``queue_length``,
+    ``standing``, ``blocked_by``, ``blocking``) when a wait starts and whenever what blocks it
+    changes; by default it logs to the ``gpulock`` logger at INFO level.
+
+    Raises ``Timeout``, ``Unavailable``, ``Unsatisfiable``, ``InvalidRequest`` (all
+    ``gpulock.Error``); Ctrl-C during the wait raises ``KeyboardInterrupt``.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise InvalidRequest(f"count must be a positive integer, not {count!r}")
+    if max_util is not None and (isinstance(max_util, bool) or not isinstance(max_util, int)):
+        raise InvalidRequest(f"max_util must be an integer percentage, not {max_util!r}")
+    if max_util is not None and not 0 <= max_util <= 100:
+        raise InvalidRequest(f"max_util must be between 0 and 100, not {max_util}")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise InvalidRequest(f"timeout must be a number of seconds or None, not {timeout!r}")
+        if not 0 <= timeout <= 1e9:  # NaN fails too
+            raise InvalidRequest(f"timeout must be between 0 and 1e9 seconds, not {timeout}")
+    if visible not in ("index", "uuid"):
+        raise InvalidRequest(f"visible must be 'index' or 'uuid', not {visible!r}")
+    if among is not None:
+        candidates: Optional[str] = ",".join(_gpu_list(among))
+    elif respect_visible_devices:
+        candidates = os.environ.get("CUDA_VISIBLE_DEVICES")
+    else:
+        candidates = None
+    native = default_pool(lock_dir).acquire(
+        count=count,
+        gpus=_gpu_list(gpus),
+        min_free_memory=_size_in_bytes(min_free_mem, "min_free_mem"),
+        max_utilization=max_util,
+        max_power=None if max_power is None else float(max_power),
+        allow_foreign=bool(allow_foreign),
+        timeout=None if timeout is None else float(timeout),
+        wait=bool(wait),
+        priority=priority,
+        label=label or "",
+        command=_command_line(),
+        visible_devices=candidates,
+        enclosing_lease=os.environ.get("GPULOCK_LEASE_ID"),
+        on_progress=on_wait,
+    )
+    return Lease(native, visible, set_env)
