@@ -75,7 +75,7 @@ void gpulock_free(char* string);
 /* ---- Pools: the GPUs of this machine and the leases on them ---------------------------- */
 
 /* Opens the machine's pool: devices from NVML (or GPULOCK_FAKE_GPUS), the lock directory from
- * `lock_dir`, or when NULL from GPULOCK_DIR or the default, and the administrator's config. */
+ * `lock_dir` (NULL: GPULOCK_DIR or the default; "" is refused), and the administrator's config. */
 gpulock_status gpulock_pool_open(const char* lock_dir, gpulock_pool** pool);
 void gpulock_pool_free(gpulock_pool* pool);
 
@@ -116,6 +116,11 @@ gpulock_status gpulock_request_set_command(gpulock_request* request, const char*
 /* Limit the candidates to a CUDA_VISIBLE_DEVICES value (NULL: no limit, the default; the C API
  * does not read the environment on its own). */
 gpulock_status gpulock_request_set_visible_devices(gpulock_request* request, const char* value);
+/* The lease this program already runs under, if any (GPULOCK_LEASE_ID in the environment of a
+ * command started by `gpulock run`; NULL or "" for none, the default; the C API does not read
+ * the environment on its own). Its GPUs cannot free up while the request waits, so a request
+ * that only they could serve fails at once with GPULOCK_UNSATISFIABLE instead of waiting. */
+gpulock_status gpulock_request_set_enclosing_lease(gpulock_request* request, const char* lease_id);
 /* Called about every `poll_ms` (at least 1) while waiting; returning non-zero stops the wait
  * with GPULOCK_INTERRUPTED. Called on the waiting thread. NULL removes it. */
 gpulock_status gpulock_request_set_interrupt(gpulock_request* request,

@@ -189,7 +189,12 @@ gpulock_status gpulock_pool_open(const char* lock_dir, gpulock_pool** pool) {
   if (pool == nullptr) return null_argument("gpulock_pool_open", "pool");
   return guarded([&] {
     gpulock::PoolOptions options;
-    if (lock_dir != nullptr) options.lock_dir = lock_dir;
+    if (lock_dir != nullptr) {
+      if (*lock_dir == '\0')
+        throw gpulock::Error(gpulock::ErrorCode::kInvalidArgument,
+                             "gpulock_pool_open: lock_dir is empty (pass NULL for the default)");
+      options.lock_dir = lock_dir;
+    }
     *pool = new gpulock_pool{gpulock::GpuPool::open(std::move(options))};
   });
 }
@@ -315,6 +320,17 @@ gpulock_status gpulock_request_set_visible_devices(gpulock_request* request, con
       request->request.cuda_visible_devices.reset();
     } else {
       request->request.cuda_visible_devices = value;
+    }
+  });
+}
+
+gpulock_status gpulock_request_set_enclosing_lease(gpulock_request* request, const char* lease_id) {
+  if (request == nullptr) return null_argument("gpulock_request_set_enclosing_lease", "request");
+  return guarded([&] {
+    if (lease_id == nullptr || *lease_id == '\0') {
+      request->request.enclosing_lease_id.reset();
+    } else {
+      request->request.enclosing_lease_id = lease_id;
     }
   });
 }
