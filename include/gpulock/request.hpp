@@ -71,8 +71,9 @@ struct WaitHooks {
   // When set, the waiter also refreshes its progress this often (a live display's clock),
   // re-reading its place in the queue.
   std::optional<std::chrono::milliseconds> progress_refresh;
-  // Polled at least every `interrupt_poll` while waiting; returning true stops the wait with
-  // ErrorCode::kInterrupted (used by the Python binding for Ctrl-C).
+  // Polled at least every `interrupt_poll` while waiting, and at once when a signal handler
+  // has run in the waiting thread; returning true stops the wait with ErrorCode::kInterrupted
+  // (used by the Python binding for Ctrl-C).
   std::function<bool()> interrupted;
   std::chrono::milliseconds interrupt_poll{100};
 };

@@ -28,9 +28,38 @@ from ._errors import (
     Unsatisfiable,
 )
 from ._lease import Lease, cuda_initialized, lease
-from ._machine import gpus, queue, release, status
 from ._native import __version__
-from ._views import Gpu, GpuProcess, GpuStatus, Holder, Queue, QueueEntry, Status
+
+# The views and their dataclasses are loaded on first use: `import gpulock` stays fast for the
+# programs that only take a lease.
+_LAZY = {
+    "gpus": "_machine",
+    "queue": "_machine",
+    "release": "_machine",
+    "status": "_machine",
+    "Gpu": "_views",
+    "GpuProcess": "_views",
+    "GpuStatus": "_views",
+    "Holder": "_views",
+    "Queue": "_views",
+    "QueueEntry": "_views",
+    "Status": "_views",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpulock' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "ConfigError",

@@ -9,21 +9,20 @@ them ends; programs started with ``subprocess`` do not hold it.
 
 from __future__ import annotations
 
-import logging
 import os
-import shlex
 import sys
 import warnings
-from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (for a fast import)
 
 from . import _native
 from ._errors import CudaAlreadyInitializedWarning, InvalidRequest
 from ._pool import default_pool
 
-log = logging.getLogger("gpulock")
+if TYPE_CHECKING:  # typing, logging and shlex are imported only when needed: `import gpulock` is fast
+    from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
-GpuSpec = Union[None, int, str, Iterable[Union[int, str]]]
-SizeSpec = Union[None, int, str]
+    GpuSpec = Union[None, int, str, Iterable[Union[int, str]]]
+    SizeSpec = Union[None, int, str]
 
 
 def _gpu_list(gpus: GpuSpec) -> List[str]:
@@ -61,6 +60,8 @@ def _size_in_bytes(size: SizeSpec, name: str) -> Optional[int]:
 
 def _command_line() -> str:
     """What `gpulock status` shows for the lease: e.g. "python3 train.py --lr 0.1"."""
+    import shlex
+
     program = os.path.basename(sys.executable) or "python"
     return shlex.join([program] + [str(a) for a in sys.argv])[:1000]
 
@@ -79,7 +80,9 @@ def cuda_initialized() -> bool:
 
 
 def _log_progress(progress: Dict[str, Any]) -> None:
-    log.info(
+    import logging
+
+    logging.getLogger("gpulock").info(
         "waiting %.0fs, position %d of %d: %s",
         progress["waited"],
         progress["position"],

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Optional, Tuple
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (for a fast import)
 
 from . import _native
+
+if TYPE_CHECKING:
+    from typing import Optional, Tuple
 
 # The variables that decide which GPUs, which lock directory and which config a pool uses.
 _POOL_VARIABLES = ("GPULOCK_DIR", "GPULOCK_FAKE_GPUS", "GPULOCK_NVML_LIBRARY", "GPULOCK_CONFIG")
 
 _lock = threading.Lock()
-_cached: Optional[Tuple[Tuple[Optional[str], ...], "_native.Pool"]] = None
+_cached: "Optional[Tuple[Tuple[Optional[str], ...], _native.Pool]]" = None
 
 
 def _forget_after_fork() -> None:

@@ -4,7 +4,7 @@
 
 namespace gpulock::python {
 
-// True if the CUDA driver library (libcuda.so.1) is loaded in this process and cuInit has run.
+// True if the CUDA driver library (libcuda.so*) is loaded in this process and cuInit has run.
 // Never loads the driver itself and never initialises it. False when the driver is absent.
 bool cuda_initialized_in_process() noexcept;
 

@@ -2,9 +2,9 @@
 // the C++ library directly; the Python modules above it shape the public API.
 //
 // Waiting for GPUs releases the GIL, so other Python threads run meanwhile, and checks for
-// signals every 50 ms, so Ctrl-C stops a wait with KeyboardInterrupt (or whatever the
-// process's SIGINT handler raises) and leaves nothing behind: the queue ticket goes with the
-// exception.
+// signals whenever one interrupts the wait (and every 500 ms), so Ctrl-C stops a wait with
+// KeyboardInterrupt (or whatever the process's SIGINT handler raises) and leaves nothing behind:
+// the queue ticket goes with the exception.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -124,7 +124,9 @@ VisibleFormat visible_format(const std::string& name) {
 Lease acquire(GpuPool& pool, LeaseRequest request, const py::object& on_progress) {
   bool signalled = false;
   WaitHooks hooks;
-  hooks.interrupt_poll = std::chrono::milliseconds(50);
+  // A signal interrupts the wait's poll at once, so this only bounds the delay for a signal
+  // that lands just before the poll starts, and keeps idle waiters nearly asleep.
+  hooks.interrupt_poll = std::chrono::milliseconds(500);
   hooks.interrupted = [&signalled] {
     py::gil_scoped_acquire gil;
     // Runs the Python-level signal handlers; a non-zero result means one raised (Ctrl-C).

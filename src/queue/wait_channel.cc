@@ -130,6 +130,9 @@ WaitChannel::Wakeup WaitChannel::wait(int wake_fd, std::chrono::milliseconds tim
                              static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
     if (ready < 0 && errno != EINTR)
       throw Error(ErrorCode::kInternal, errno_message("poll while waiting for GPUs", errno));
+    // A signal handler ran (e.g. Python's for Ctrl-C): return early, so that the caller's
+    // interrupt check runs now rather than at its next poll.
+    if (ready < 0) break;
     if (ready > 0 && (p[1].revents & POLLIN) != 0) woke.queue_change = true;
     if (ready > 0 && (p[0].revents & POLLIN) != 0) {
       const Wakeup events = drain();

@@ -48,7 +48,8 @@ class WaitChannel {
     bool queue_change = false;  // the watched ticket left, or someone woke us
     bool timed_out() const { return !release && !queue_change; }
   };
-  // Sleeps until one of the sources fires or the timeout passes. wake_fd may be -1.
+  // Sleeps until one of the sources fires or the timeout passes, or a signal handler runs
+  // (then it returns early, as if timed out). wake_fd may be -1.
   Wakeup wait(int wake_fd, std::chrono::milliseconds timeout);
 
   // Forgets every watch and queued event, for the next waiter.
