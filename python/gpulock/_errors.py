@@ -21,39 +21,66 @@ class Error(RuntimeError):
 class InvalidRequest(Error, ValueError):
     """The request is malformed: a bad GPU list, a negative timeout, an unknown option value."""
 
+    code = "invalid_argument"
+    exit_status = 64
+
 
 class Unsatisfiable(Error):
     """The request can never be served as asked: more GPUs than exist, an unknown GPU, or GPUs
     that only the lease this process already runs under holds."""
 
+    code = "unsatisfiable"
+    exit_status = 69
+
 
 class Unavailable(Error):
     """The GPUs are not free now and the request did not wait (``wait=False``)."""
+
+    code = "timed_out"
+    exit_status = 75
 
 
 class Timeout(Unavailable, TimeoutError):
     """The GPUs did not become free within ``timeout`` seconds."""
 
+    code = "timed_out"
+    exit_status = 75
+
 
 class SetupError(Error):
     """The machine cannot serve leases: no GPU driver, an unusable lock directory."""
+
+    code = "environment"
+    exit_status = 69
 
 
 class PermissionDenied(Error, PermissionError):
     """Not allowed, e.g. releasing another user's lease."""
 
+    code = "permission_denied"
+    exit_status = 69
+
 
 class NotFound(Error, LookupError):
     """No such lease."""
+
+    code = "not_found"
+    exit_status = 69
 
 
 class ConfigError(Error):
     """The administrator's config file (/etc/gpulock/config.toml or GPULOCK_CONFIG) is invalid
     or unreadable."""
 
+    code = "config"
+    exit_status = 78
+
 
 class InternalError(Error):
     """A bug or an unexpected system failure."""
+
+    code = "internal"
+    exit_status = 70
 
 
 class CudaAlreadyInitializedWarning(RuntimeWarning):

@@ -25,11 +25,11 @@ if TYPE_CHECKING:  # typing, logging and shlex are imported only when needed: `i
     SizeSpec = Union[None, int, str]
 
 
-def _gpu_list(gpus: GpuSpec) -> List[str]:
+def _gpu_list(gpus: GpuSpec, name: str = "gpus") -> List[str]:
     if gpus is None:
         return []
     if isinstance(gpus, bool):
-        raise InvalidRequest("gpus must be GPU indices or UUIDs, not a bool")
+        raise InvalidRequest(f"{name} must be GPU indices or UUIDs, not a bool")
     if isinstance(gpus, int):
         return [str(gpus)]
     if isinstance(gpus, str):
@@ -37,10 +37,10 @@ def _gpu_list(gpus: GpuSpec) -> List[str]:
     entries: List[str] = []
     for gpu in gpus:
         if isinstance(gpu, bool) or not isinstance(gpu, (int, str)):
-            raise InvalidRequest(f"gpus: {gpu!r} is neither a GPU index nor a UUID")
+            raise InvalidRequest(f"{name}: {gpu!r} is neither a GPU index nor a UUID")
         entries.extend(_native.parse_gpu_list(str(gpu)))
     if not entries:
-        raise InvalidRequest("gpus is empty: name at least one GPU, or pass None for any")
+        raise InvalidRequest(f"{name} is empty: name at least one GPU, or pass None for any")
     return entries
 
 
@@ -219,10 +219,18 @@ def lease(
             raise InvalidRequest(f"timeout must be a number of seconds or None, not {timeout!r}")
         if not 0 <= timeout <= 1e9:  # NaN fails too
             raise InvalidRequest(f"timeout must be between 0 and 1e9 seconds, not {timeout}")
+    if max_power is not None and (
+        isinstance(max_power, bool) or not isinstance(max_power, (int, float))
+    ):
+        raise InvalidRequest(f"max_power must be a number of watts or None, not {max_power!r}")
+    if not isinstance(priority, str):
+        raise InvalidRequest(f"priority must be 'normal' or 'low', not {priority!r}")
+    if label is not None and not isinstance(label, str):
+        raise InvalidRequest(f"label must be a string or None, not {label!r}")
     if visible not in ("index", "uuid"):
         raise InvalidRequest(f"visible must be 'index' or 'uuid', not {visible!r}")
     if among is not None:
-        candidates: Optional[str] = ",".join(_gpu_list(among))
+        candidates: Optional[str] = ",".join(_gpu_list(among, "among"))
     elif respect_visible_devices:
         candidates = os.environ.get("CUDA_VISIBLE_DEVICES")
     else:
@@ -243,4 +251,8 @@ def lease(
         enclosing_lease=os.environ.get("GPULOCK_LEASE_ID"),
         on_progress=on_wait,
     )
-    return Lease(native, visible, set_env)
+    try:
+        return Lease(native, visible, set_env)
+    except BaseException:
+        native.release()  # e.g. the CUDA warning made an error: keep no GPU behind it
+        raise

@@ -123,11 +123,15 @@ VisibleFormat visible_format(const std::string& name) {
 // One acquire call: a request built from keyword arguments, waited for without the GIL.
 Lease acquire(GpuPool& pool, LeaseRequest request, const py::object& on_progress) {
   bool signalled = false;
+  // An exception that must end the wait (KeyboardInterrupt, SystemExit) raised by the
+  // progress callback; raised again once the wait has ended.
+  std::optional<py::error_already_set> callback_stop;
   WaitHooks hooks;
   // A signal interrupts the wait's poll at once, so this only bounds the delay for a signal
   // that lands just before the poll starts, and keeps idle waiters nearly asleep.
   hooks.interrupt_poll = std::chrono::milliseconds(500);
-  hooks.interrupted = [&signalled] {
+  hooks.interrupted = [&signalled, &callback_stop] {
+    if (callback_stop) return true;
     py::gil_scoped_acquire gil;
     // Runs the Python-level signal handlers; a non-zero result means one raised (Ctrl-C).
     // The exception stays set in this thread and is raised below.
@@ -136,13 +140,18 @@ Lease acquire(GpuPool& pool, LeaseRequest request, const py::object& on_progress
   };
   std::string progress_error;
   if (!on_progress.is_none()) {
-    hooks.on_progress = [&on_progress, &progress_error](const WaitProgress& progress) {
+    hooks.on_progress = [&on_progress, &progress_error, &callback_stop](const WaitProgress& p) {
+      if (callback_stop) return;
       py::gil_scoped_acquire gil;
       try {
-        on_progress(progress_to_dict(progress));
+        on_progress(progress_to_dict(p));
       } catch (py::error_already_set& error) {
-        // A failing progress callback must not end the wait; it is reported once.
-        if (progress_error.empty()) progress_error = error.what();
+        if (!error.matches(PyExc_Exception)) {
+          callback_stop.emplace(std::move(error));  // Ctrl-C in the callback: stop waiting
+        } else if (progress_error.empty()) {
+          // A failing progress callback must not end the wait; it is reported once.
+          progress_error = error.what();
+        }
       }
     };
   }
@@ -156,10 +165,14 @@ Lease acquire(GpuPool& pool, LeaseRequest request, const py::object& on_progress
       failure = error;
     }
   }
-  if (!progress_error.empty()) {
-    PyErr_WarnEx(PyExc_RuntimeWarning,
-                 ("gpulock: the on_progress callback failed: " + progress_error).c_str(), 1);
+  if (callback_stop) {
+    callback_stop->restore();
+    throw py::error_already_set();
   }
+  if (!progress_error.empty() &&
+      PyErr_WarnEx(PyExc_RuntimeWarning,
+                   ("gpulock: the on_wait callback failed: " + progress_error).c_str(), 2) != 0)
+    throw py::error_already_set();  // warnings are errors here
   if (failure) {
     if (signalled && PyErr_Occurred() != nullptr) throw py::error_already_set();
     if (failure->code() == ErrorCode::kInterrupted) {

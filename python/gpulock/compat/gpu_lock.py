@@ -27,7 +27,6 @@ def lock_gpu(
 ) -> Iterator[int]:
     """Locks GPU ``uid`` (its nvidia-smi index), or any free GPU when ``uid`` is None, for the
     ``with`` block, and yields the GPU's index."""
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     held = lease(
         gpus=None if uid is None else [uid],
         wait=wait,
@@ -37,6 +36,7 @@ def lock_gpu(
         label="gpu_lock",
         on_wait=None,
     )
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     try:
         yield held.indices[0]
     finally:

@@ -158,7 +158,6 @@ class GPUScheduler:
         self._lease: Optional[Lease] = None
 
     def __enter__(self) -> List[int]:
-        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         candidates = [g.index for g in _gpus() if _allowed(g, self.specific_gpus)]
         if not candidates:
             raise Unsatisfiable(
@@ -181,6 +180,7 @@ class GPUScheduler:
             label="gpu_scheduler",
             **health,
         )
+        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         self.gpu_ids = list(self._lease.indices)
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
