@@ -13,68 +13,39 @@ import fcntl
 import json
 import os
 import pathlib
-import pwd
 import secrets
 import select
-import shutil
 import signal
 import subprocess
-import tempfile
+import sys
 import termios
-import time
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+# What both pytest suites share: tests/support/gpulock_testing.py.
+_SUPPORT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "support"))
+if _SUPPORT not in sys.path:
+    sys.path.insert(0, _SUPPORT)
+
+import gpulock_testing  # noqa: E402
+from gpulock_testing import HANG, SHORT_HANG, wait_until  # noqa: E402
+# Imported by the tests from here.
+from gpulock_testing import (  # noqa: E402,F401
+    EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE, sim_uuid)
+
 PYTHON = "/usr/bin/python3"
 
-# Hang guards (seconds). Generous on purpose: the suite may run under ASan on a loaded machine.
-HANG = 60
-SHORT_HANG = 30
-
-# Exit statuses (docs/cli.md).
-EX_USAGE = 64
-EX_UNAVAILABLE = 69
-EX_SOFTWARE = 70
-EX_TEMPFAIL = 75
-
-TEST_USERS = ("gpulock-test-a", "gpulock-test-b")
-
-
-def sim_uuid(index):
-    """UUID of simulated GPU `index` with GPULOCK_FAKE_GPUS=N (docs/simulated-gpus.md)."""
-    return "GPU-5e1f0a7e-0000-4000-8000-%012x" % index
+# In the environment of every process a test starts: lets teardown find them all.
+TAG_VARIABLE = "GPULOCK_ITEST_TAG"
 
 
 def lock_file_name(uuid):
     return "gpu-%s.lock" % uuid
 
 
-def binary_path():
-    configured = os.environ.get("GPULOCK_BINARY")
-    path = pathlib.Path(configured) if configured else REPO / "build" / "gpulock"
-    return str(path.resolve())
-
-
 @pytest.fixture(scope="session")
 def gpulock_bin():
-    path = binary_path()
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        pytest.fail("gpulock binary not found at %s: build it (ninja -C build) or set GPULOCK_BINARY"
-                    % path)
-    return path
-
-
-def wait_until(predicate, timeout=SHORT_HANG, interval=0.05, what="condition"):
-    """Polls predicate() until it returns a truthy value; fails after `timeout` (a hang guard)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out (hang guard, %ss) waiting for %s" % (timeout, what))
-        time.sleep(interval)
+    return gpulock_testing.require_binary()
 
 
 class Terminal:
@@ -127,46 +98,8 @@ class Terminal:
         os.close(self.master)
 
 
-def _proc_environ(pid):
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
-class Background:
-    """A process started in its own session (so its whole group can be killed), with stdout
-    and stderr going to files (so no pipe can block it or keep a reader waiting)."""
-
-    def __init__(self, popen, out_path, err_path):
-        self.popen = popen
-        self.pid = popen.pid
-        self.out_path = out_path
-        self.err_path = err_path
-
-    def stdout(self):
-        return pathlib.Path(self.out_path).read_text(errors="replace")
-
-    def stderr(self):
-        return pathlib.Path(self.err_path).read_text(errors="replace")
-
-    def alive(self):
-        return self.popen.poll() is None
-
-    def wait(self, timeout=HANG):
-        try:
-            return self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("process %d (%s) did not exit within %ss (hang guard)\n"
-                                 "stdout: %s\nstderr: %s" % (self.pid, self.popen.args, timeout,
-                                                             self.stdout(), self.stderr()))
-
-    def kill_group(self, sig=signal.SIGKILL):
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+class Background(gpulock_testing.Background):
+    """A background process of an integration test (gpulock_testing.Background)."""
 
     def wait_for_stderr(self, text, timeout=SHORT_HANG):
         """Waits until `text` appears on the process's stderr; fails if it exits first."""
@@ -178,10 +111,6 @@ class Background:
                                      % (self.popen.returncode, text, self.stderr()))
             return False
         wait_until(seen, timeout, what="%r on stderr of %s" % (text, self.popen.args))
-
-    def describe(self):
-        return "args=%s rc=%s\nstdout: %s\nstderr: %s" % (
-            self.popen.args, self.popen.returncode, self.stdout(), self.stderr())
 
 
 class Harness:
@@ -207,7 +136,7 @@ class Harness:
             env["GPULOCK_FAKE_GPUS"] = str(fake)
         if cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
-        env["GPULOCK_ITEST_TAG"] = self.tag  # lets teardown find every process of this test
+        env[TAG_VARIABLE] = self.tag  # lets teardown find every process of this test
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
@@ -304,25 +233,9 @@ class Harness:
 
     # -- teardown ---------------------------------------------------------------------------
     def cleanup(self):
-        for bg in self.background:
-            bg.kill_group()
         # Detached holders (gpulock acquire) and re-parented commands left their session:
-        # find them by this test's tag in their environment, and kill each by its pid.
-        needle = ("GPULOCK_ITEST_TAG=" + self.tag).encode()
-        me = os.getpid()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == me:
-                continue
-            if needle in _proc_environ(int(entry)).split(b"\0"):
-                try:
-                    os.kill(int(entry), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for bg in self.background:
-            try:
-                bg.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        # they are found by this test's tag in their environment.
+        gpulock_testing.end_processes(self.background, TAG_VARIABLE, self.tag)
 
 
 @pytest.fixture
@@ -336,60 +249,18 @@ def gl(gpulock_bin, tmp_path):
 
 # -- several users ----------------------------------------------------------------------------
 
-class TestUser:
-    def __init__(self, name):
-        entry = pwd.getpwnam(name)
-        self.name = name
-        self.uid = entry.pw_uid
-        self.gid = entry.pw_gid
-
-    def prefix(self):
-        return ["setpriv", "--reuid=%d" % self.uid, "--regid=%d" % self.gid, "--clear-groups"]
-
-
-def _ensure_user(name):
-    try:
-        pwd.getpwnam(name)
-        return
-    except KeyError:
-        pass
-    last = None
-    for _ in range(20):  # tolerate a concurrent run creating it, or /etc/passwd being locked
-        result = subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                                 "/usr/sbin/nologin", name], capture_output=True, text=True,
-                                timeout=SHORT_HANG)
-        try:
-            pwd.getpwnam(name)
-            return
-        except KeyError:
-            last = result.stderr
-            time.sleep(0.2)
-    pytest.skip("cannot create test user %s: %s" % (name, last))
-
-
 @pytest.fixture(scope="session")
 def test_users():
     """Two unprivileged users, created if missing (and left in place: a concurrent run of the
-    suite may be using them). Skips unless running as root."""
-    if os.geteuid() != 0:
-        pytest.skip("multi-user tests need root (to create users and switch to them)")
-    if shutil.which("setpriv") is None or shutil.which("useradd") is None:
-        pytest.skip("multi-user tests need setpriv and useradd")
-    for name in TEST_USERS:
-        _ensure_user(name)
-    return tuple(TestUser(name) for name in TEST_USERS)
+    suite may be using them). Skips unless running as root, or if they cannot be created."""
+    return gpulock_testing.make_test_users(uncreatable=pytest.skip)
 
 
 @pytest.fixture(scope="session")
 def shared_binary(gpulock_bin):
     """A copy of gpulock that every user can execute (mode 755 in a 755 directory)."""
-    directory = tempfile.mkdtemp(prefix="gpulock-itest-bin-", dir="/tmp")
-    os.chmod(directory, 0o755)
-    path = os.path.join(directory, "gpulock")
-    shutil.copy2(gpulock_bin, path)
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(directory, ignore_errors=True)
+    with gpulock_testing.shared_binary_copy(gpulock_bin, "gpulock-itest-bin-") as (_, path):
+        yield path
 
 
 @pytest.fixture
@@ -397,20 +268,11 @@ def mu(shared_binary, test_users):
     """A harness for multi-user tests: the shared binary, and a lock directory (not yet created)
     inside a fresh directory under /tmp owned by the first test user (mode 755), so that user
     creates the lock directory and everyone else can traverse to it."""
-    base = tempfile.mkdtemp(prefix="gpulock-itest-mu-", dir="/tmp")
-    os.chmod(base, 0o755)
-    work = os.path.join(base, "work")  # scratch files (markers), writable by everyone
-    os.mkdir(work)
-    os.chmod(work, 0o1777)
-    owner = os.path.join(base, "home")
-    os.mkdir(owner)
-    os.chown(owner, test_users[0].uid, test_users[0].gid)
-    os.chmod(owner, 0o755)
-    harness = Harness(shared_binary, work)
-    harness.lock_dir = pathlib.Path(owner) / "locks"
-    harness.users = test_users
-    try:
-        yield harness
-    finally:
-        harness.cleanup()
-        shutil.rmtree(base, ignore_errors=True)
+    with gpulock_testing.multi_user_dirs("gpulock-itest-mu-", test_users[0]) as (work, owner):
+        harness = Harness(shared_binary, work)  # work: scratch files (markers)
+        harness.lock_dir = pathlib.Path(owner) / "locks"
+        harness.users = test_users
+        try:
+            yield harness
+        finally:
+            harness.cleanup()

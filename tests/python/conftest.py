@@ -31,24 +31,26 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+# What both pytest suites share: tests/support/gpulock_testing.py.
+_SUPPORT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "support"))
+if _SUPPORT not in sys.path:
+    sys.path.insert(0, _SUPPORT)
+
+import gpulock_testing  # noqa: E402
+from gpulock_testing import HANG, REPO, SHORT_HANG  # noqa: E402
+# Imported by the tests from here.
+from gpulock_testing import (  # noqa: E402,F401
+    EX_CONFIG, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE, sim_uuid)
+
 PYTHON = sys.executable
 
-# Hang guards (seconds). Generous on purpose: the suite may run on a loaded machine.
-HANG = 60
-SHORT_HANG = 30
 TEST_HANG = 180  # a whole test, unless marked @pytest.mark.hang_guard(seconds)
 
-# Exit statuses (docs/cli.md), also the `exit_status` of gpulock's exceptions.
-EX_USAGE = 64
-EX_UNAVAILABLE = 69
-EX_SOFTWARE = 70
-EX_TEMPFAIL = 75
-EX_CONFIG = 78
+# In the environment of every process a test starts: lets teardown find them all.
+TAG_VARIABLE = "GPULOCK_PYTEST_TAG"
 
 GIB = 1024 ** 3
 
@@ -60,27 +62,9 @@ _REMOVED = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 LEASE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPULOCK_LEASE_ID", "GPULOCK_GPUS")
 
 
-def sim_uuid(index):
-    """UUID of simulated GPU `index` with GPULOCK_FAKE_GPUS=N (docs/simulated-gpus.md)."""
-    return "GPU-5e1f0a7e-0000-4000-8000-%012x" % index
-
-
 def wait_until(predicate, timeout=SHORT_HANG, interval=0.02, what="condition"):
-    """Polls predicate() until it returns a truthy value; fails after `timeout` (a hang guard)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out (hang guard, %ss) waiting for %s" % (timeout, what))
-        time.sleep(interval)
-
-
-def binary_path():
-    configured = os.environ.get("GPULOCK_BINARY")
-    path = pathlib.Path(configured) if configured else REPO / "build" / "gpulock"
-    return str(path.resolve())
+    """gpulock_testing.wait_until, polling more often by default."""
+    return gpulock_testing.wait_until(predicate, timeout, interval, what)
 
 
 # -- the hang guard of in-process tests -------------------------------------------------------
@@ -120,10 +104,7 @@ def hang_guard(request):
 
 @pytest.fixture(scope="session")
 def gpulock_bin():
-    path = binary_path()
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        pytest.fail("gpulock binary not found at %s: build it or set GPULOCK_BINARY" % path)
-    return path
+    return gpulock_testing.require_binary()
 
 
 @pytest.fixture(autouse=True)
@@ -136,16 +117,8 @@ def isolated(monkeypatch, tmp_path):
     monkeypatch.setenv("GPULOCK_DIR", str(tmp_path / "locks"))  # gpulock creates it
     monkeypatch.setenv("GPULOCK_FAKE_GPUS", "4")
     # Lets teardown find every process this test started, wherever it went.
-    monkeypatch.setenv("GPULOCK_PYTEST_TAG", "gpulock-pytest-" + secrets.token_hex(8))
+    monkeypatch.setenv(TAG_VARIABLE, "gpulock-pytest-" + secrets.token_hex(8))
     return tmp_path
-
-
-def _proc_environ(pid):
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
 
 
 def _default_sigint():
@@ -155,47 +128,18 @@ def _default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-class Background:
-    """A process started in its own session (so its whole group can be killed), with stdout
-    and stderr going to files (so no pipe can block it)."""
+class Background(gpulock_testing.Background):
+    """A background process of a test (gpulock_testing.Background); for a Python child, with
+    the directory where it and the test exchange marker files."""
 
     def __init__(self, popen, out_path, err_path, workdir=None):
-        self.popen = popen
-        self.pid = popen.pid
-        self.out_path = out_path
-        self.err_path = err_path
+        super().__init__(popen, out_path, err_path)
         self.dir = workdir  # Python children: where they and the test exchange marker files
-
-    def stdout(self):
-        return pathlib.Path(self.out_path).read_text(errors="replace")
-
-    def stderr(self):
-        return pathlib.Path(self.err_path).read_text(errors="replace")
-
-    def alive(self):
-        return self.popen.poll() is None
-
-    def describe(self):
-        return "args=%s rc=%s\nstdout: %s\nstderr: %s" % (
-            self.popen.args, self.popen.returncode, self.stdout(), self.stderr())
-
-    def wait(self, timeout=HANG):
-        try:
-            return self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("process %d did not exit within %ss (hang guard)\n%s"
-                                 % (self.pid, timeout, self.describe()))
 
     def kill(self, sig=signal.SIGKILL):
         try:
             os.kill(self.pid, sig)
         except ProcessLookupError:
-            pass
-
-    def kill_group(self, sig=signal.SIGKILL):
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
             pass
 
     # -- marker files of Python children ------------------------------------------------
@@ -415,25 +359,10 @@ class World:
 
     # -- teardown -----------------------------------------------------------------------
     def cleanup(self):
-        for bg in self.background:
-            bg.kill_group()
-        # Detached holders (gpulock acquire) left their session: find them by this test's
-        # tag in their environment, and kill each by its pid.
-        needle = ("GPULOCK_PYTEST_TAG=" + os.environ.get("GPULOCK_PYTEST_TAG", "?")).encode()
-        me = os.getpid()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == me:
-                continue
-            if needle in _proc_environ(int(entry)).split(b"\0"):
-                try:
-                    os.kill(int(entry), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for bg in self.background:
-            try:
-                bg.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        # Detached holders (gpulock acquire) left their session: they are found by this
+        # test's tag in their environment.
+        gpulock_testing.end_processes(self.background, TAG_VARIABLE,
+                                      os.environ.get(TAG_VARIABLE, "?"))
 
 
 @pytest.fixture

@@ -4,74 +4,34 @@ another user's CLI requests, and gpulock.release() of another user's lease raise
 PermissionDenied while root may release it."""
 
 import os
-import pwd
 import re
 import shutil
 import subprocess
-import tempfile
-import time
 
 import pytest
 
 import gpulock
 from conftest import EX_UNAVAILABLE, HANG, SHORT_HANG, World, wait_until
-
-TEST_USERS = ("gpulock-test-a", "gpulock-test-b")
-
-
-class User:
-    def __init__(self, name):
-        entry = pwd.getpwnam(name)
-        self.name = name
-        self.uid = entry.pw_uid
-        self.gid = entry.pw_gid
-
-    def prefix(self):
-        return ["setpriv", "--reuid=%d" % self.uid, "--regid=%d" % self.gid, "--clear-groups"]
-
-
-def _ensure_user(name):
-    for _ in range(20):  # tolerate a concurrent run creating it, or /etc/passwd being locked
-        try:
-            pwd.getpwnam(name)
-            return
-        except KeyError:
-            pass
-        result = subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                                 "/usr/sbin/nologin", name], capture_output=True, text=True,
-                                timeout=SHORT_HANG)
-        if result.returncode != 0:
-            time.sleep(0.2)
-    pwd.getpwnam(name)  # fails the test with KeyError if it still does not exist
+from gpulock_testing import make_test_users, multi_user_dirs, shared_binary_copy
 
 
 @pytest.fixture(scope="session")
 def test_users():
     """Two unprivileged users, created if missing and left in place (a concurrent run of the
-    suite, or of the integration tests, may be using them). Skips unless running as root."""
-    if os.geteuid() != 0:
-        pytest.skip("multi-user tests need root (to create users and switch to them)")
-    if shutil.which("setpriv") is None or shutil.which("useradd") is None:
-        pytest.skip("multi-user tests need setpriv and useradd")
-    for name in TEST_USERS:
-        _ensure_user(name)
-    return tuple(User(name) for name in TEST_USERS)
+    suite, or of the integration tests, may be using them). Skips unless running as root;
+    fails if they cannot be created."""
+    return make_test_users(uncreatable=pytest.fail)
 
 
 @pytest.fixture(scope="session")
 def shared_install(gpulock_bin):
     """The binary and the package under test, copied where every user can read them."""
-    directory = tempfile.mkdtemp(prefix="gpulock-pytest-shared-", dir="/tmp")
-    os.chmod(directory, 0o755)
-    binary = os.path.join(directory, "gpulock")
-    shutil.copy2(gpulock_bin, binary)
-    os.chmod(binary, 0o755)
-    package = os.path.dirname(gpulock.__file__)
-    shutil.copytree(package, os.path.join(directory, "python", "gpulock"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(["chmod", "-R", "a+rX", directory], check=True, timeout=SHORT_HANG)
-    yield binary, os.path.join(directory, "python")
-    shutil.rmtree(directory, ignore_errors=True)
+    with shared_binary_copy(gpulock_bin, "gpulock-pytest-shared-") as (directory, binary):
+        package = os.path.dirname(gpulock.__file__)
+        shutil.copytree(package, os.path.join(directory, "python", "gpulock"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        subprocess.run(["chmod", "-R", "a+rX", directory], check=True, timeout=SHORT_HANG)
+        yield binary, os.path.join(directory, "python")
 
 
 @pytest.fixture
@@ -80,24 +40,16 @@ def mu(test_users, shared_install, monkeypatch):
     files in a world-writable directory, and a lock directory (not yet made) in a directory
     owned by the first user."""
     binary, python_path = shared_install
-    base = tempfile.mkdtemp(prefix="gpulock-pytest-mu-", dir="/tmp")
-    os.chmod(base, 0o755)
-    work = os.path.join(base, "work")
-    os.mkdir(work)
-    os.chmod(work, 0o1777)
-    home = os.path.join(base, "home")
-    os.mkdir(home)
-    os.chown(home, test_users[0].uid, test_users[0].gid)
-    monkeypatch.setenv("GPULOCK_DIR", os.path.join(home, "locks"))
-    monkeypatch.setenv("PYTHONPATH", python_path)
-    monkeypatch.setenv("PYTHONNOUSERSITE", "1")
-    world = World(binary, work)
-    world.users = test_users
-    try:
-        yield world
-    finally:
-        world.cleanup()
-        shutil.rmtree(base, ignore_errors=True)
+    with multi_user_dirs("gpulock-pytest-mu-", test_users[0]) as (work, home):
+        monkeypatch.setenv("GPULOCK_DIR", os.path.join(home, "locks"))
+        monkeypatch.setenv("PYTHONPATH", python_path)
+        monkeypatch.setenv("PYTHONNOUSERSITE", "1")
+        world = World(binary, work)
+        world.users = test_users
+        try:
+            yield world
+        finally:
+            world.cleanup()
 
 
 JOB = ('echo "$1 start" >> "$2"; while [ ! -e "$3/release-$1" ]; do sleep 0.01; done')
