@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator, Optional
 
 from .._lease import lease
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Iterator, Optional
 
 
 @contextlib.contextmanager
