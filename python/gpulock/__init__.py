@@ -28,6 +28,7 @@ from ._errors import (
     Unsatisfiable,
 )
 from ._lease import Lease, cuda_initialized, lease
+from ._lazy import lazy_attributes
 from ._native import __version__
 
 # The views and their dataclasses are loaded on first use: `import gpulock` stays fast for the
@@ -47,19 +48,12 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gpulock' has no attribute {name!r}")
-    import importlib
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _LAZY)
 
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return sorted(set(globals()) | set(_LAZY))
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names
+    from ._machine import gpus, queue, release, status
+    from ._views import Gpu, GpuProcess, GpuStatus, Holder, Queue, QueueEntry, Status
 
 __all__ = [
     "ConfigError",

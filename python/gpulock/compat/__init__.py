@@ -9,6 +9,8 @@ Each module's documentation says what stays and what changes; docs/python.md has
 
 from __future__ import annotations
 
+from .._lazy import lazy_attributes
+
 # Each name is loaded from its module on first use, so that `from gpulock.compat import
 # lock_gpu` loads only what lock_gpu needs.
 _HOME = {
@@ -24,24 +26,25 @@ _HOME = {
     "get_gpu_utilization": "gpu_scheduler",
     "get_total_num_gpus": "gpu_scheduler",
 }
-_MODULES = ("gpu_lock", "gpu_scheduler", "safe_gpu")
+_HOME.update({name: name for name in ("gpu_lock", "gpu_scheduler", "safe_gpu")})
 
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _HOME)
 
-def __getattr__(name: str) -> object:
-    import importlib
-
-    if name in _MODULES:
-        return importlib.import_module(f".{name}", __name__)
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module 'gpulock.compat' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{home}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return sorted(set(globals()) | set(_HOME) | set(_MODULES))
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names
+    from . import gpu_lock, gpu_scheduler, safe_gpu
+    from .gpu_lock import lock_gpu
+    from .gpu_scheduler import (
+        GPUScheduler,
+        find_free_gpus,
+        get_gpu_info,
+        get_gpu_memory_usage,
+        get_gpu_names,
+        get_gpu_power_usage,
+        get_gpu_utilization,
+        get_total_num_gpus,
+    )
+    from .safe_gpu import GPUOwner, claim_gpus
 
 
 __all__ = [
