@@ -80,6 +80,11 @@ void validate(const LeaseRequest& r) {
                 fmt::format("{} GPUs is more than any machine has", r.count));
   if (r.timeout && r.timeout->count() < 0)
     throw Error(ErrorCode::kInvalidArgument, "the timeout must not be negative");
+  if (r.max_utilization_percent && *r.max_utilization_percent > 100)
+    throw Error(ErrorCode::kInvalidArgument, "the utilisation limit is a percentage: at most 100");
+  // NaN fails both comparisons.
+  if (r.max_power_watts && !(*r.max_power_watts >= 0 && *r.max_power_watts <= 1e6))
+    throw Error(ErrorCode::kInvalidArgument, "the power limit must be between 0 and 1e6 watts");
 }
 
 // The kernel queues IN_CLOSE_WRITE just before it drops the closed file's OFD lock, so a waiter

@@ -191,17 +191,13 @@ LeaseRequest make_request(unsigned count, std::vector<std::string> gpus,
                           std::string priority, std::string label, std::string command,
                           std::optional<std::string> visible_devices,
                           std::optional<std::string> enclosing_lease) {
+  // The bounds of count and the health filters are checked by GpuPool::acquire; only what
+  // the conversion to C++ types needs is checked here.
   LeaseRequest request;
-  if (count == 0 && gpus.empty())
-    throw Error(ErrorCode::kInvalidArgument, "count must be at least 1");
   request.count = count;
   request.gpus = std::move(gpus);
   request.min_free_memory_bytes = min_free_memory;
-  if (max_utilization && *max_utilization > 100)
-    throw Error(ErrorCode::kInvalidArgument, "max_util is a percentage: at most 100");
   request.max_utilization_percent = max_utilization;
-  if (max_power && !(*max_power >= 0 && *max_power <= 1e6))
-    throw Error(ErrorCode::kInvalidArgument, "max_power must be between 0 and 1e6 watts");
   request.max_power_watts = max_power;
   request.allow_foreign_processes = allow_foreign;
   if (timeout) {

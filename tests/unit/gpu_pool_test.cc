@@ -18,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -446,6 +447,22 @@ TEST_F(GpuPoolTest, NegativeTimeoutIsInvalid) {
   LeaseRequest request = Waiting(Count(1));
   request.timeout = milliseconds(-1);
   ExpectError([&] { pool.acquire(request); }, ErrorCode::kInvalidArgument, "timeout");
+}
+
+TEST_F(GpuPoolTest, HealthLimitsOutOfRangeAreInvalid) {
+  GpuPool pool = Pool(1);
+  LeaseRequest utilization = Count(1);
+  utilization.max_utilization_percent = 101;
+  ExpectError([&] { pool.acquire(utilization); }, ErrorCode::kInvalidArgument, "percentage");
+  for (double watts : {-1.0, 2e6, std::numeric_limits<double>::quiet_NaN()}) {
+    LeaseRequest power = Count(1);
+    power.max_power_watts = watts;
+    ExpectError([&] { pool.acquire(power); }, ErrorCode::kInvalidArgument, "power limit");
+  }
+  LeaseRequest bounds = Count(1);
+  bounds.max_utilization_percent = 100;
+  bounds.max_power_watts = 1e6;
+  EXPECT_TRUE(pool.acquire(bounds).active());
 }
 
 TEST_F(GpuPoolTest, UnknownGpuIsUnsatisfiable) {
