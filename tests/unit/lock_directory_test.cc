@@ -20,6 +20,7 @@
 #include "gpulock/error.hpp"
 #include "local/gpu_lock_file.h"
 #include "local/holder_record.h"
+#include "scoped_umask.h"
 #include "temp_dir.h"
 
 namespace gpulock {
@@ -29,17 +30,8 @@ namespace fs = std::filesystem;
 
 const char* const kUuid = "GPU-5e1f0a7e-0000-4000-8000-000000000000";
 
+using test_support::ScopedUmask;
 using test_support::TempDir;
-
-// Sets the umask for the scope.
-class ScopedUmask {
- public:
-  explicit ScopedUmask(mode_t mask) : old_(::umask(mask)) {}
-  ~ScopedUmask() { ::umask(old_); }
-
- private:
-  mode_t old_;
-};
 
 // Sets (or unsets) an environment variable for the scope.
 class ScopedEnv {

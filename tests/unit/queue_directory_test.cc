@@ -28,6 +28,7 @@
 #include "local/lock_directory.h"
 #include "process/process_identity.h"
 #include "queue/ticket.h"
+#include "scoped_umask.h"
 #include "temp_dir.h"
 #include "util/random_id.h"
 
@@ -35,19 +36,10 @@ namespace gpulock {
 namespace {
 
 namespace fs = std::filesystem;
+using test_support::ScopedUmask;
 using test_support::TempDir;
 
 constexpr uid_t kNobody = 65534;
-
-// Sets the umask for the scope.
-class ScopedUmask {
- public:
-  explicit ScopedUmask(mode_t mask) : old_(::umask(mask)) {}
-  ~ScopedUmask() { ::umask(old_); }
-
- private:
-  mode_t old_;
-};
 
 Ticket MakeTicket(std::uint64_t seq) {
   Ticket t;
