@@ -456,21 +456,40 @@ struct DrainResult {
   std::vector<long long> idle_voluntary_by_position;
 };
 
+// Worker 0: holds every GPU from construction until release(), so that the others queue.
+class AllGpusHolder {
+ public:
+  AllGpusHolder(Machine& machine, unsigned gpus) {
+    pid_ = machine.spawn("hold", 0, gpus, report_.write_end, command_.read_end);
+    Message m;
+    if (!gpulock_bench::read_all_within(report_.read_end, &m, sizeof m, 30'000))
+      throw std::runtime_error("the holder did not acquire");
+  }
+  ~AllGpusHolder() {
+    report_.close_both();
+    command_.close_both();
+  }
+  AllGpusHolder(const AllGpusHolder&) = delete;
+  AllGpusHolder& operator=(const AllGpusHolder&) = delete;
+  pid_t pid() const { return pid_; }
+  void release() { gpulock_bench::write_all(command_.write_end, "r", 1); }
+
+ private:
+  gpulock_bench::Pipe report_ = gpulock_bench::Pipe::make();
+  gpulock_bench::Pipe command_ = gpulock_bench::Pipe::make();
+  pid_t pid_ = -1;
+};
+
 DrainResult run_drain(unsigned gpus, int waiters, double idle_seconds, std::int64_t max_hold_us) {
   Machine machine(gpus);
-  gpulock_bench::Pipe report = gpulock_bench::Pipe::make();
-  gpulock_bench::Pipe command = gpulock_bench::Pipe::make();
-  const pid_t holder = machine.spawn("hold", 0, gpus, report.write_end, command.read_end);
-  Message m;
-  if (!gpulock_bench::read_all_within(report.read_end, &m, sizeof m, 30'000))
-    throw std::runtime_error("the holder did not acquire");
+  AllGpusHolder holder(machine, gpus);
   std::vector<pid_t> waiting;
   for (int i = 1; i <= waiters; ++i) {
     waiting.push_back(machine.spawn("once", i, 1, -1, -1, max_hold_us));
     wait_for_tickets(machine, i);  // queue position i is worker i
   }
   std::vector<pid_t> all = waiting;
-  all.push_back(holder);
+  all.push_back(holder.pid());
   std::vector<ProcSample> before = machine.settle(all, waiters);
   before.pop_back();
 
@@ -493,7 +512,7 @@ DrainResult run_drain(unsigned gpus, int waiters, double idle_seconds, std::int6
     before = after;
   }
 
-  gpulock_bench::write_all(command.write_end, "r", 1);
+  holder.release();
   const std::map<pid_t, rusage> usage = machine.reap();
   long long voluntary = 0;
   for (std::size_t i = 0; i < waiting.size(); ++i)
@@ -501,8 +520,6 @@ DrainResult run_drain(unsigned gpus, int waiters, double idle_seconds, std::int6
   const std::vector<Record> records = machine.records();
   result.latency = handoffs(records, 0, INT64_MAX);
   result.voluntary_per_handoff = static_cast<double>(voluntary) / waiters;
-  report.close_both();
-  command.close_both();
   return result;
 }
 
@@ -519,16 +536,11 @@ struct ChurnResult {
 
 ChurnResult run_churn(unsigned gpus, int processes, double seconds, double warm_up) {
   Machine machine(gpus);
-  gpulock_bench::Pipe report = gpulock_bench::Pipe::make();
-  gpulock_bench::Pipe command = gpulock_bench::Pipe::make();
-  const pid_t holder = machine.spawn("hold", 0, gpus, report.write_end, command.read_end);
-  Message m;
-  if (!gpulock_bench::read_all_within(report.read_end, &m, sizeof m, 30'000))
-    throw std::runtime_error("the holder did not acquire");
+  AllGpusHolder holder(machine, gpus);
   std::vector<pid_t> workers;
   for (int i = 1; i <= processes; ++i) workers.push_back(machine.spawn("churn", i, 1, -1, -1));
   std::vector<pid_t> all = workers;
-  all.push_back(holder);
+  all.push_back(holder.pid());
   std::vector<ProcSample> before = machine.settle(all, processes);
 
   const std::int64_t start = now_ns();
@@ -539,7 +551,7 @@ ChurnResult run_churn(unsigned gpus, int processes, double seconds, double warm_
     std::ofstream(tmp) << to << "\n";
     std::filesystem::rename(tmp, machine.end_file());
   }
-  gpulock_bench::write_all(command.write_end, "r", 1);
+  holder.release();
   const std::map<pid_t, rusage> usage = machine.reap();
   const std::vector<Record> records = machine.records();
 
@@ -579,8 +591,6 @@ ChurnResult run_churn(unsigned gpus, int processes, double seconds, double warm_
   }
   r.voluntary_per_lease = all_leases ? static_cast<double>(voluntary) / all_leases : 0;
   r.cpu_per_lease_us = all_leases ? cpu / static_cast<double>(all_leases) * 1e6 : 0;
-  report.close_both();
-  command.close_both();
   return r;
 }
 
