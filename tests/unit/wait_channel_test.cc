@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -82,6 +83,23 @@ class WaitChannelTest : public ::testing::Test {
                                   << woke.queue_change;
   }
 
+  // Waits (up to kLong) while another thread does `event` 100 ms in; checks that the wait lasted
+  // until the event and did not run into its timeout, and returns what woke it.
+  WaitChannel::Wakeup WaitAcross(const std::function<void()>& event, int wake_fd = -1,
+                                 const char* what = "the event") {
+    std::thread actor([&] {
+      std::this_thread::sleep_for(milliseconds(100));
+      event();
+    });
+    const auto start = Clock::now();
+    const WaitChannel::Wakeup woke = channel_.wait(wake_fd, kLong);
+    const auto waited = Clock::now() - start;
+    actor.join();
+    EXPECT_GE(waited, milliseconds(50)) << "woke before " << what;
+    EXPECT_LT(waited, kLong / 2);
+    return woke;
+  }
+
   TempDir temp_{"wait"};
   LockDirectory locks_ = LockDirectory::open(temp_.path() / "locks");
   std::unique_ptr<QueueDirectory> queue_;
@@ -102,17 +120,9 @@ TEST_F(WaitChannelTest, ClosingAWrittenLockFileWakesWithRelease) {
 
 TEST_F(WaitChannelTest, ReleaseWakesASleepingWait) {
   channel_.watch_releases(locks_.fd(), true);
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(milliseconds(100));
-    CloseWritten(LockPath("gpu-X.lock"));
-  });
-  const auto start = Clock::now();
-  const WaitChannel::Wakeup woke = channel_.wait(-1, kLong);
-  const auto waited = Clock::now() - start;
-  releaser.join();
+  const WaitChannel::Wakeup woke =
+      WaitAcross([&] { CloseWritten(LockPath("gpu-X.lock")); }, -1, "the release");
   EXPECT_TRUE(woke.release);
-  EXPECT_GE(waited, milliseconds(50)) << "woke before the release";
-  EXPECT_LT(waited, kLong / 2);
 }
 
 TEST_F(WaitChannelTest, OtherFilesInTheLockDirectoryDoNotWake) {
@@ -173,17 +183,8 @@ TEST_F(WaitChannelTest, LeaveOfWatchedTicketWakesWithQueueChange) {
 TEST_F(WaitChannelTest, LeaveOfWatchedTicketWakesASleepingWait) {
   OwnTicket other = queue_->enter(MakeTicket(1));
   ASSERT_TRUE(channel_.watch_ticket(queue_->watch_path(other.ticket().id)));
-  std::thread leaver([&] {
-    std::this_thread::sleep_for(milliseconds(100));
-    other.leave();
-  });
-  const auto start = Clock::now();
-  const WaitChannel::Wakeup woke = channel_.wait(-1, kLong);
-  const auto waited = Clock::now() - start;
-  leaver.join();
+  const WaitChannel::Wakeup woke = WaitAcross([&] { other.leave(); }, -1, "the ticket left");
   EXPECT_TRUE(woke.queue_change);
-  EXPECT_GE(waited, milliseconds(50)) << "woke before the ticket left";
-  EXPECT_LT(waited, kLong / 2);
 }
 
 TEST_F(WaitChannelTest, ClosingTheOwnersWriteDescriptorWakes) {
@@ -348,17 +349,9 @@ TEST_F(WaitChannelTest, WakeOfOwnTicketWakesWithQueueChange) {
 TEST_F(WaitChannelTest, WakeWakesASleepingWait) {
   OwnTicket mine = queue_->enter(MakeTicket(1));
   const std::string id = mine.ticket().id;
-  std::thread waker([&] {
-    std::this_thread::sleep_for(milliseconds(100));
-    queue_->wake(id);
-  });
-  const auto start = Clock::now();
-  const WaitChannel::Wakeup woke = channel_.wait(mine.wake_fd(), kLong);
-  const auto waited = Clock::now() - start;
-  waker.join();
+  const WaitChannel::Wakeup woke =
+      WaitAcross([&] { queue_->wake(id); }, mine.wake_fd(), "the wake-up");
   EXPECT_TRUE(woke.queue_change);
-  EXPECT_GE(waited, milliseconds(50)) << "woke before the wake-up";
-  EXPECT_LT(waited, kLong / 2);
 }
 
 TEST_F(WaitChannelTest, AByteOnAnyWakeDescriptorWakes) {
