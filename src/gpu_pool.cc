@@ -20,6 +20,9 @@
 #include "lease_impl.h"
 #include "local/gpu_lock_file.h"
 #include "process/process_identity.h"
+#include "redis/redis_pool.h"
+#include "redis/redis_settings.h"
+#include "request_checks.h"
 #include "selection.h"
 #include "util/random_id.h"
 #include "util/strings.h"
@@ -30,62 +33,6 @@ namespace gpulock {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Resolves the request's explicit GPU names to devices. Throws for unknown or ambiguous names.
-std::vector<const Device*> resolve_explicit(const std::vector<Device>& devices,
-                                            const std::vector<std::string>& names) {
-  std::vector<const Device*> out;
-  std::set<const Device*> seen;
-  for (const auto& name : names) {
-    std::vector<const Device*> matches;
-    for (const auto& d : devices) {
-      if (d.display_index() == name || d.uuid == name) {
-        matches = {&d};
-        break;
-      }
-      if (name.size() >= 5 && starts_with_ignoring_case(d.uuid, name)) matches.push_back(&d);
-    }
-    if (matches.empty()) {
-      std::string known;
-      for (const auto& d : devices) known += (known.empty() ? "" : ", ") + d.display_index();
-      throw Error(ErrorCode::kUnsatisfiable,
-                  fmt::format("no GPU '{}' on this machine (GPUs: {})",
-                              sanitize_for_display(name, 96), known.empty() ? "none" : known));
-    }
-    if (matches.size() > 1)
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("'{}' matches several GPUs; give more of the UUID",
-                              sanitize_for_display(name, 96)));
-    if (!seen.insert(matches.front()).second)
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("GPU '{}' is named twice", sanitize_for_display(name, 96)));
-    out.push_back(matches.front());
-  }
-  return out;
-}
-
-// kUnsatisfiable: the headline, then one indented line per reason.
-Error unsatisfiable(const std::string& headline, const std::vector<std::string>& reasons) {
-  std::string why = headline;
-  if (!reasons.empty()) why += ":";
-  for (const auto& reason : reasons) why += "\n  " + reason;
-  return Error(ErrorCode::kUnsatisfiable, why);
-}
-
-void validate(const LeaseRequest& r) {
-  if (r.gpus.empty() && r.count == 0)
-    throw Error(ErrorCode::kInvalidArgument, "ask for at least one GPU (-n 1 or more)");
-  if (r.gpus.empty() && r.count > 4096)
-    throw Error(ErrorCode::kUnsatisfiable,
-                fmt::format("{} GPUs is more than any machine has", r.count));
-  if (r.timeout && r.timeout->count() < 0)
-    throw Error(ErrorCode::kInvalidArgument, "the timeout must not be negative");
-  if (r.max_utilization_percent && *r.max_utilization_percent > 100)
-    throw Error(ErrorCode::kInvalidArgument, "the utilisation limit is a percentage: at most 100");
-  // NaN fails both comparisons.
-  if (r.max_power_watts && !(*r.max_power_watts >= 0 && *r.max_power_watts <= 1e6))
-    throw Error(ErrorCode::kInvalidArgument, "the power limit must be between 0 and 1e6 watts");
-}
 
 // The kernel queues IN_CLOSE_WRITE just before it drops the closed file's OFD lock, so a waiter
 // woken by a release can find the lock still held for a moment. After each wake-up it therefore
@@ -232,7 +179,7 @@ std::optional<Lease> GpuPool::Impl::try_lock(const std::vector<const Device*>& c
 }
 
 Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
-  validate(request);
+  validate_request(request);
   const auto start = Clock::now();
   // No deadline is time_point::max(); --no-wait is a deadline of now.
   // A timeout too long for the clock (centuries) is no deadline rather than an overflow.
@@ -569,44 +516,64 @@ GpuPool GpuPool::open(PoolOptions options) {
   return GpuPool(open_device_source(), std::move(options));
 }
 
-GpuPool::GpuPool(std::unique_ptr<DeviceSource> devices, PoolOptions options)
-    : impl_(std::make_unique<Impl>(std::move(devices), std::move(options))) {}
+GpuPool::GpuPool(std::unique_ptr<DeviceSource> devices, PoolOptions options) {
+  Config config = options.config ? *options.config : load_config();
+  if (auto redis = resolve_backend(options, config)) {
+    redis_ = std::make_unique<RedisPool>(std::move(devices), std::move(config), options,
+                                         std::move(*redis));
+  } else {
+    options.config = std::move(config);
+    impl_ = std::make_unique<Impl>(std::move(devices), std::move(options));
+  }
+}
 GpuPool::GpuPool(GpuPool&&) noexcept = default;
 GpuPool& GpuPool::operator=(GpuPool&&) noexcept = default;
 GpuPool::~GpuPool() = default;
 
 Lease GpuPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
-  return impl_->acquire(request, hooks);
+  return redis_ ? redis_->acquire(request, hooks) : impl_->acquire(request, hooks);
 }
 PoolStatus GpuPool::status() {
-  return impl_->status();
+  return redis_ ? redis_->status(/*whole_pool=*/false) : impl_->status();
+}
+PoolStatus GpuPool::pool_status() {
+  return redis_ ? redis_->status(/*whole_pool=*/true) : impl_->status();
 }
 QueueStatus GpuPool::queue() {
-  return impl_->queue_status();
+  return redis_ ? redis_->queue() : impl_->queue_status();
 }
 const Config& GpuPool::config() const {
-  return impl_->config;
+  return redis_ ? redis_->config() : impl_->config;
 }
 std::vector<Device> GpuPool::devices() {
-  return impl_->source->devices();
+  return device_source().devices();
 }
 void GpuPool::release(const std::string& lease_id) {
+  if (redis_) return redis_->release(lease_id);
   impl_->release(lease_id);
 }
 void GpuPool::prepare() {
+  if (redis_) return;  // nothing on disk to prepare
   std::vector<std::string> uuids;
   for (const auto& device : impl_->source->devices()) uuids.push_back(device.uuid);
   impl_->dir.prepare(uuids);
   impl_->queue_dir(true)->prepare();
 }
+std::vector<DoctorCheck> GpuPool::doctor() {
+  return redis_ ? redis_->doctor() : impl_->doctor();
+}
+std::string GpuPool::backend_name() const {
+  return redis_ ? "redis" : "file";
+}
 DeviceSource& GpuPool::device_source() {
-  return *impl_->source;
+  return redis_ ? redis_->device_source() : *impl_->source;
 }
 const std::filesystem::path& GpuPool::lock_dir() const {
-  return impl_->dir.path();
+  static const std::filesystem::path none;
+  return redis_ ? none : impl_->dir.path();
 }
 std::vector<std::string> GpuPool::warnings() const {
-  return impl_->dir.warnings();
+  return redis_ ? std::vector<std::string>{} : impl_->dir.warnings();
 }
 
 }  // namespace gpulock

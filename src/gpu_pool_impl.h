@@ -30,6 +30,9 @@ struct LockProbe {
 // "leased by alice since 12:03:04 (lease 3f…, 'sweep')".
 std::string holder_summary(const HolderRecord& record);
 
+// The health filters of a ticket, as a request, to judge devices by.
+LeaseRequest health_filters_of(const Ticket& ticket);
+
 // The queue planned from the files: the tickets (the plan's requests, in the same order), the
 // machine's GPUs as the plan saw them, and the plan.
 struct QueueSnapshot {
@@ -62,6 +65,7 @@ class GpuPool::Impl {
                                 const LeaseRequest& request, bool& replaced);
   PoolStatus status();
   void release(const std::string& lease_id);
+  std::vector<DoctorCheck> doctor();
 
   LockProbe probe(const std::string& uuid, bool with_record) const;
 

@@ -65,6 +65,7 @@ std::string status_to_json(const PoolStatus& status) {
   const double now = unix_seconds(status.taken_at);
   for (const auto& g : status.gpus) {
     json entry = device_json(g.device);
+    entry["host"] = g.host.empty() ? status.host : g.host;
     entry["state"] = gpu_state_name(g.state);
     entry["note"] = g.note.empty() ? json(nullptr) : json(g.note);
     json processes = json::array();
@@ -101,7 +102,11 @@ std::string status_to_json(const PoolStatus& status) {
                {"host", status.host},
                {"device_source", status.device_source},
                {"simulated", status.simulated},
-               {"lock_dir", status.lock_dir},
+               {"lock_dir", status.lock_dir.empty() ? json(nullptr) : json(status.lock_dir)},
+               {"backend", status.backend},
+               {"backend_location",
+                status.backend_location.empty() ? json(nullptr) : json(status.backend_location)},
+               {"pool", status.pool.empty() ? json(nullptr) : json(status.pool)},
                {"taken_at", now},
                {"warnings", status.warnings},
                {"queue", {{"length", status.queue_length}, {"policy", status.queue_policy}}},

@@ -12,8 +12,17 @@
 
 namespace gpulock {
 
+Lease::Impl::~Impl() {
+  keeper.reset();  // releases a Redis lease; a local one goes with its descriptors
+}
+
 void Lease::Impl::write_records() {
-  const std::string bytes = serialize_holder_record(record);
+  std::string bytes = serialize_holder_record(record);
+  if (keeper) {
+    bytes.erase(bytes.find_last_not_of(' ') + 1);  // the padding is for lock files only
+    keeper->update_record(bytes);
+    return;
+  }
   for (const auto& fd : fds) {
     // A lock file with other hard links may be someone's file too: lock it, never write it.
     struct stat st {};
@@ -74,6 +83,23 @@ std::string Lease::uuid_list() const {
 std::span<const int> Lease::lock_fds() const {
   if (!impl_) return {};
   return impl_->raw_fds;
+}
+
+std::uint64_t Lease::fencing_token() const {
+  return impl_ ? impl_->fencing_token : 0;
+}
+
+const std::string& Lease::host() const {
+  static const std::string empty;
+  return impl_ ? impl_->host : empty;
+}
+
+bool Lease::lost() const {
+  return impl_ && impl_->keeper && impl_->keeper->lost();
+}
+
+void Lease::on_lost(std::function<void(const std::string&)> callback) {
+  if (impl_ && impl_->keeper) impl_->keeper->on_lost(std::move(callback));
 }
 
 void Lease::set_holder(pid_t holder_pid, const std::string& kind, pid_t member) {

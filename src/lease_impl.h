@@ -2,10 +2,13 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "gpulock/lease.hpp"
+#include "lease_keeper.h"
 #include "local/holder_record.h"
 #include "util/fd.h"
 
@@ -13,15 +16,21 @@ namespace gpulock {
 
 class Lease::Impl {
  public:
+  ~Impl();
   std::string id;
   std::vector<LeasedGpu> gpus;
-  std::vector<UniqueFd> fds;  // one per GPU, each holding that GPU's OFD lock
+  std::vector<UniqueFd> fds;  // local backend: one per GPU, each holding that GPU's OFD lock
   std::vector<int> raw_fds;
+  // Redis backend: renews and finally releases the lease; its fencing token; the GPUs' host.
+  std::unique_ptr<LeaseKeeper> keeper;
+  std::uint64_t fencing_token = 0;
+  std::string host;
   HolderRecord record;
   std::chrono::system_clock::time_point started_at;
 
-  // Writes the record into every lock file. A failure (disk full) loses only the details shown
-  // by `gpulock status`, never the lock; it is reported on stderr once.
+  // Writes the record into every lock file (or hands it to the keeper). A failure (disk full)
+  // loses only the details shown by `gpulock status`, never the lock; it is reported on stderr
+  // once.
   void write_records();
 };
 

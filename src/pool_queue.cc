@@ -15,16 +15,6 @@
 namespace gpulock {
 namespace {
 
-// The health filters of a ticket, as a request, to judge devices by.
-LeaseRequest filters_of(const Ticket& t) {
-  LeaseRequest r;
-  r.min_free_memory_bytes = t.min_free_memory_bytes;
-  r.max_utilization_percent = t.max_utilization_percent;
-  r.max_power_watts = t.max_power_watts;
-  r.allow_foreign_processes = t.allow_foreign_processes;
-  return r;
-}
-
 std::string clock_time(double seconds_since_epoch) {
   // A clock time rather than a duration: it stays true while the reader waits.
   const auto when = static_cast<std::time_t>(seconds_since_epoch);
@@ -41,6 +31,15 @@ std::string request_summary(const Ticket& t) {
 }
 
 }  // namespace
+
+LeaseRequest health_filters_of(const Ticket& t) {
+  LeaseRequest r;
+  r.min_free_memory_bytes = t.min_free_memory_bytes;
+  r.max_utilization_percent = t.max_utilization_percent;
+  r.max_power_watts = t.max_power_watts;
+  r.allow_foreign_processes = t.allow_foreign_processes;
+  return r;
+}
 
 std::string holder_summary(const HolderRecord& r) {
   std::string text =
@@ -198,7 +197,7 @@ QueueSnapshot GpuPool::Impl::plan(const std::vector<Device>& devices,
     if (newcomer && &t == &snapshot.tickets.back()) r.limits.max_waiting.reset();
     if (const auto it = listing.last_served.find(t.uid); it != listing.last_served.end())
       r.user_last_served = it->second;
-    const LeaseRequest filters = filters_of(t);
+    const LeaseRequest filters = health_filters_of(t);
     auto& reasons = snapshot.unhealthy_reasons.emplace_back();
     for (const auto& uuid : t.candidates) {
       const auto it = by_uuid.find(uuid);

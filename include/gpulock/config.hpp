@@ -14,8 +14,16 @@
 //   [limits.users.alice]           # overrides for one user
 //   max_gpus = 8
 //   max_waiting = 200
+//
+//   # The Redis backend (docs/redis.md); GPULOCK_BACKEND, GPULOCK_POOL, GPULOCK_LEASE_TTL and
+//   # GPULOCK_REDIS_PASSWORD override these.
+//   backend = "redis://gpulock@redis-host:6379/0"   # or "file" (the default)
+//   pool = "lab"                   # the key prefix's name; default: the host name
+//   lease_ttl = "30s"
+//   redis_password_file = "/etc/gpulock/redis.password"
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -41,6 +49,10 @@ struct Config {
   std::map<std::string, UserLimits> per_user;  // [limits.users.NAME]
   std::vector<std::string> excluded_gpus;      // as written: index, UUID or prefix, model name
   std::string source;                          // the file read, or "" when none was (defaults)
+  std::string backend;                         // "", "file" or a redis:// URL
+  std::string pool;                            // the Redis pool's name; "" = default
+  std::optional<std::chrono::milliseconds> lease_ttl;
+  std::string redis_password_file;
 
   // The limits that apply to `user`: their own entries, else the defaults, field by field.
   UserLimits limits_for(const std::string& user) const;
@@ -55,6 +67,9 @@ Config parse_config(std::string_view text, const std::string& source_name);
 // and for one that cannot be read: named by GPULOCK_CONFIG but missing, a directory, a FIFO or
 // another non-regular file (refused without blocking), unreadable, a symlink loop, over 1 MiB.
 Config load_config();
+
+// A lease TTL ("30s", "2m", "1.5s"): from 500 ms to 1 day. Throws Error(kInvalidArgument).
+std::chrono::milliseconds parse_lease_ttl(std::string_view text);
 
 // The path load_config() reads.
 std::string config_path();

@@ -18,6 +18,7 @@
 
 #include "gpulock/config.hpp"
 #include "gpulock/device_source.hpp"
+#include "gpulock/doctor.hpp"
 #include "gpulock/lease.hpp"
 #include "gpulock/request.hpp"
 #include "gpulock/status.hpp"
@@ -38,6 +39,18 @@ struct PoolOptions {
   // The administrator's settings; load_config() (GPULOCK_CONFIG or /etc/gpulock/config.toml)
   // when unset.
   std::optional<Config> config;
+
+  // The backend: "file" (lock files on this machine, the default) or a Redis URL
+  // "redis://[user:password@]host:port/db". Unset: GPULOCK_BACKEND, then the config's `backend`.
+  std::optional<std::string> backend;
+  // Redis backend: the pool's name (the key prefix gpulock:{NAME}:); unset: GPULOCK_POOL, then
+  // the config's `pool`, then the host name.
+  std::optional<std::string> pool_name;
+  // Redis backend: the name this machine's GPUs are registered under; unset: GPULOCK_HOST, then
+  // the host name.
+  std::optional<std::string> host_name;
+  // Redis backend: the lease TTL; unset: GPULOCK_LEASE_TTL, then the config's `lease_ttl`, 30 s.
+  std::optional<std::chrono::milliseconds> lease_ttl;
 };
 
 class GpuPool {
@@ -55,8 +68,15 @@ class GpuPool {
   // hooks.interrupted() asked to stop.
   Lease acquire(const LeaseRequest& request, const WaitHooks& hooks = {});
 
-  // Every device with its state, holder and processes, and the queue's length. Takes no lock.
+  // Every device of this machine with its state, holder and processes, and the queue's length.
+  // Takes no lock.
   PoolStatus status();
+  // The same for every host of the pool (Redis backend; the local backend has one host).
+  PoolStatus pool_status();
+  // Checks of the set-up: the backend's connection, permissions, and what it holds.
+  std::vector<DoctorCheck> doctor();
+  // "file" or "redis".
+  std::string backend_name() const;
 
   // The waiting requests in serving order, with what each waits for. Takes no lock.
   QueueStatus queue();
@@ -70,13 +90,13 @@ class GpuPool {
   // lease that is held by a running process or command (stop that instead).
   void release(const std::string& lease_id);
 
-  // Creates the lock file of every GPU now, and when run as root makes the directory and all
-  // lock files root-owned, so that no user can delete another's lock file (which would let a
-  // second job lease a held GPU). Meant for boot time: `gpulock init`.
+  // Local backend: creates the lock file of every GPU now, and when run as root makes the directory
+  // and all lock files root-owned, so that no user can delete another's lock file (which would let
+  // a second job lease a held GPU). Meant for boot time: `gpulock init`.
   void prepare();
 
   DeviceSource& device_source();
-  const std::filesystem::path& lock_dir() const;
+  const std::filesystem::path& lock_dir() const;  // empty on the Redis backend
   // Notes about a doubtful set-up (e.g. the lock directory's mode), for the CLI to print.
   std::vector<std::string> warnings() const;
 
@@ -84,6 +104,7 @@ class GpuPool {
 
  private:
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<class RedisPool> redis_;
 };
 
 }  // namespace gpulock

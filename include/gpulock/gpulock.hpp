@@ -3,6 +3,7 @@
 
 #include "gpulock/device.hpp"
 #include "gpulock/device_source.hpp"
+#include "gpulock/doctor.hpp"
 #include "gpulock/error.hpp"
 #include "gpulock/gpu_pool.hpp"
 #include "gpulock/json_output.hpp"

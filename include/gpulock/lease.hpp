@@ -1,12 +1,16 @@
 // Lease: exclusive use of one or more GPUs, held until it is released or destroyed.
 //
-// A Lease owns kernel locks on the GPUs' lock files. It is move-only; destroying it releases
-// the GPUs. Processes started with the lease's descriptors (see lock_fds() and
-// run_command()) share the locks: the GPUs stay leased until every process holding them has
-// exited, however it exits, SIGKILL included.
+// It is move-only; destroying it releases the GPUs. On the local (file) backend a Lease owns
+// kernel locks on the GPUs' lock files: processes started with the lease's descriptors (see
+// lock_fds() and run_command()) share the locks, and the GPUs stay leased until every process
+// holding them has exited, however it exits, SIGKILL included. On the Redis backend the lease
+// lives in Redis with a TTL that a thread of this process renews; it ends when this process
+// releases it or stops renewing it (it exits, or loses its host), after at most the TTL.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -49,7 +53,18 @@ class Lease {
   std::string uuid_list() const;
 
   // The descriptors that hold the locks; a child process that inherits them keeps the lease.
+  // Empty on the Redis backend.
   std::span<const int> lock_fds() const;
+
+  // Redis backend: the lease's fencing token, strictly increasing per pool (0 on the local
+  // backend); the host whose GPUs these are (a lease on another host is a reservation).
+  std::uint64_t fencing_token() const;
+  const std::string& host() const;
+  // Redis backend: true once the lease expired before it could be renewed, or was taken over;
+  // a lost lease stays lost. Always false on the local backend (kernel locks cannot be lost).
+  bool lost() const;
+  // Called, from a background thread, when the lease is lost; without it a warning is printed.
+  void on_lost(std::function<void(const std::string& reason)> callback);
 
   // Records that the lease now also covers this process and its descendants, and how it is held,
   // for `gpulock status`. `kind` is "process", "run" or "detached".
@@ -62,6 +77,7 @@ class Lease {
 
   class Impl;
   explicit Lease(std::unique_ptr<Impl> impl);
+  Impl* impl() { return impl_.get(); }  // for the library's own use (run.hpp)
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -26,6 +26,11 @@ struct LeaseRequest {
   // GPUs running compute processes that hold no gpulock lease count as busy unless this is set.
   bool allow_foreign_processes = false;
 
+  // Redis backend: the hosts whose GPUs may serve the request. Empty: this host only; "any":
+  // every host of the pool; else host names. A lease on another host is a reservation: the
+  // caller starts the work there (Lease::host() names it).
+  std::vector<std::string> hosts;
+
   // Candidates are limited to this CUDA_VISIBLE_DEVICES value when set (normally the caller's
   // own environment; see visible_devices.hpp). Entries are indices or UUIDs (prefixes allowed).
   std::optional<std::string> cuda_visible_devices;

@@ -11,7 +11,8 @@
 namespace gpulock {
 
 // The environment a leased command gets, as NAME=VALUE pairs: CUDA_VISIBLE_DEVICES,
-// CUDA_DEVICE_ORDER=PCI_BUS_ID, GPULOCK_LEASE_ID and GPULOCK_GPUS.
+// CUDA_DEVICE_ORDER=PCI_BUS_ID, GPULOCK_LEASE_ID and GPULOCK_GPUS; on the Redis backend also
+// GPULOCK_FENCING_TOKEN and GPULOCK_HOST (the host whose GPUs these are).
 std::vector<std::pair<std::string, std::string>> lease_environment(const Lease& lease,
                                                                    VisibleFormat format);
 
@@ -22,7 +23,15 @@ std::vector<std::pair<std::string, std::string>> lease_environment(const Lease& 
 // Returns the command's exit status, or 128+N if a signal N killed it; 127 if it was not found,
 // 126 if it could not be executed (with a message on stderr).
 // REQUIRES: a single-threaded caller (it forks and manages the signal mask).
-int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleFormat format);
+//
+// On the Redis backend this process renews the lease while the command runs. If the lease is
+// lost (not renewable for a whole TTL, or taken over), `on_loss` decides: kWarn prints a
+// warning and lets the command run; kKill sends it SIGTERM, then SIGKILL after
+// kLeaseLossGrace, and the command's status is returned as usual (143 for SIGTERM).
+enum class LeaseLossAction { kWarn, kKill };
+inline constexpr int kLeaseLossGraceSeconds = 10;
+int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleFormat format,
+                LeaseLossAction on_loss = LeaseLossAction::kWarn);
 
 // Hands the lease to a detached holder process (its own session, no terminal) that keeps it
 // until `watched_pid` exits or `gpulock release` stops it, and returns the holder's pid once it

@@ -44,6 +44,7 @@ struct ProcessOnGpu {
 
 struct GpuStatus {
   Device device;
+  std::string host;  // the host the GPU is in
   GpuState state = GpuState::kFree;
   // For a leased GPU: who holds it. Unset while the details are unreadable (just being written,
   // or damaged): the lease itself is still real.
@@ -59,7 +60,10 @@ struct PoolStatus {
   std::string host;
   std::string device_source;  // DeviceSource::description()
   bool simulated = false;
-  std::string lock_dir;
+  std::string lock_dir;          // local backend
+  std::string backend = "file";  // "file" or "redis"
+  std::string backend_location;  // Redis: the server's URL, password masked
+  std::string pool;              // Redis: the pool's name
   std::chrono::system_clock::time_point taken_at;
   std::vector<GpuStatus> gpus;
   std::vector<std::string> warnings;

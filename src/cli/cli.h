@@ -24,12 +24,19 @@ struct RequestOptions {
   std::string priority = "normal";
   std::string visible = "index";
   bool verbose = false;
+  std::string backend;
+  std::string hosts;
 
   void add_to(CLI::App& command);
   // Builds the library request, reading CUDA_VISIBLE_DEVICES from the environment.
   LeaseRequest to_request() const;
   VisibleFormat visible_format() const;
 };
+
+// --backend URL on a command: the backend it uses (over GPULOCK_BACKEND and the config).
+void add_backend_option(CLI::App& command, std::string& backend);
+// The pool the options name: GpuPool::open() with the --backend value when given.
+GpuPool open_pool(const std::string& backend);
 
 // Each registers its subcommand; the callback stores the exit status in *exit_status.
 void add_run_command(CLI::App& app, int* exit_status);
@@ -39,6 +46,7 @@ void add_status_command(CLI::App& app, int* exit_status);
 void add_queue_command(CLI::App& app, int* exit_status);
 void add_gpus_command(CLI::App& app, int* exit_status);
 void add_init_command(CLI::App& app, int* exit_status);
+void add_doctor_command(CLI::App& app, int* exit_status);
 
 // Shows a waiting request's progress on stderr: a live line on a terminal, else a log line
 // whenever what it waits for changes. Returns hooks for GpuPool::acquire.

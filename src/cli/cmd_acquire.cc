@@ -43,7 +43,7 @@ void add_acquire_command(CLI::App& app, int* exit_status) {
     if (*for_pid <= 0 || (::kill(*for_pid, 0) != 0 && errno == ESRCH))
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("--for-pid {}: no such running process", *for_pid));
-    GpuPool pool = GpuPool::open();
+    GpuPool pool = open_pool(options->backend);
     Lease lease = acquire_for_cli(pool, *options, fmt::format("acquire --for-pid {}", *for_pid));
     const pid_t holder = detach_lease(lease, *for_pid);
     for (const auto& [name, value] : lease_environment(lease, options->visible_format()))

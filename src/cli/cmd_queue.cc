@@ -46,9 +46,11 @@ void add_queue_command(CLI::App& app, int* exit_status) {
   auto* command =
       app.add_subcommand("queue", "Show the requests waiting for GPUs, in serving order");
   auto json = std::make_shared<bool>(false);
+  auto backend = std::make_shared<std::string>();
   command->add_flag("--json", *json, "Machine-readable output (docs/json.md)");
-  command->callback([json, exit_status] {
-    GpuPool pool = GpuPool::open();
+  add_backend_option(*command, *backend);
+  command->callback([json, backend, exit_status] {
+    GpuPool pool = open_pool(*backend);
     const QueueStatus queue = pool.queue();
     if (*json) {
       fmt::print("{}\n", queue_to_json(queue));

@@ -37,15 +37,21 @@ std::string holder_text(const GpuStatus& g, std::chrono::system_clock::time_poin
 }
 
 void print_table(const PoolStatus& status) {
-  fmt::print("{} · {}{} · lock dir {}\n", status.host, status.device_source,
-             status.simulated ? " (simulated, no real GPU)" : "", status.lock_dir);
+  fmt::print("{} · {}{} · {}\n", status.host, status.device_source,
+             status.simulated ? " (simulated, no real GPU)" : "",
+             status.backend == "redis"
+                 ? fmt::format("pool '{}' at {}", status.pool, status.backend_location)
+                 : "lock dir " + status.lock_dir);
   for (const auto& w : status.warnings) fmt::print("warning: {}\n", w);
   fmt::print("{:<5} {:<9} {:<16} {:>5}  {}\n", "GPU", "STATE", "MEMORY", "UTIL",
              "HOLDER (user, lease, held for, [label], command)");
   for (const auto& g : status.gpus) {
     const auto& d = g.device;
     const std::string state = g.reserved_for ? "reserved" : gpu_state_name(g.state);
-    fmt::print("{:<5} {:<9} {:<16} {:>5}  {}\n", d.display_index(), state, memory_text(d),
+    const std::string name = g.host.empty() || g.host == status.host
+                                 ? d.display_index()
+                                 : g.host + "/" + d.display_index();
+    fmt::print("{:<5} {:<9} {:<16} {:>5}  {}\n", name, state, memory_text(d),
                d.utilization_percent ? fmt::format("{}%", *d.utilization_percent) : "?",
                holder_text(g, status.taken_at));
     if (g.holder && !g.note.empty()) fmt::print("      note: {}\n", g.note);
@@ -61,10 +67,15 @@ void print_table(const PoolStatus& status) {
 void add_status_command(CLI::App& app, int* exit_status) {
   auto* command = app.add_subcommand("status", "Show every GPU: free, leased (by whom), busy");
   auto json = std::make_shared<bool>(false);
+  auto whole_pool = std::make_shared<bool>(false);
+  auto backend = std::make_shared<std::string>();
   command->add_flag("--json", *json, "Machine-readable output (docs/json.md)");
-  command->callback([json, exit_status] {
-    GpuPool pool = GpuPool::open();
-    const PoolStatus status = pool.status();
+  command->add_flag("--pool", *whole_pool,
+                    "Redis backend: every host of the pool, not only this one");
+  add_backend_option(*command, *backend);
+  command->callback([json, whole_pool, backend, exit_status] {
+    GpuPool pool = open_pool(*backend);
+    const PoolStatus status = *whole_pool ? pool.pool_status() : pool.status();
     if (*json) {
       fmt::print("{}\n", status_to_json(status));
     } else {

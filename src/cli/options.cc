@@ -61,6 +61,22 @@ void RequestOptions::add_to(CLI::App& command) {
       ->check(CLI::IsMember({"index", "uuid"}))
       ->capture_default_str();
   command.add_flag("-v,--verbose", verbose, "Say which GPUs were leased");
+  add_backend_option(command, backend);
+  command.add_option("--host", hosts,
+                     "Redis backend: the hosts whose GPUs may serve it (names, or any); default "
+                     "this host. Another host's GPUs are a reservation (GPULOCK_HOST names it)");
+}
+
+void add_backend_option(CLI::App& command, std::string& backend) {
+  command.add_option("--backend", backend,
+                     "file, or redis://[user:password@]host:port/db (default: GPULOCK_BACKEND, "
+                     "then the config's backend, then file)");
+}
+
+GpuPool open_pool(const std::string& backend) {
+  PoolOptions options;
+  if (!backend.empty()) options.backend = backend;
+  return GpuPool::open(std::move(options));
 }
 
 LeaseRequest RequestOptions::to_request() const {
@@ -79,6 +95,7 @@ LeaseRequest RequestOptions::to_request() const {
     request.cuda_visible_devices = visible_now;
   if (const char* lease = std::getenv("GPULOCK_LEASE_ID"); lease != nullptr && *lease != '\0')
     request.enclosing_lease_id = lease;
+  if (!hosts.empty()) request.hosts = parse_gpu_list(hosts);  // the same comma-separated form
   return request;
 }
 
@@ -104,8 +121,9 @@ Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::s
   if (options.verbose || terminal) {
     std::string which;
     for (const auto& gpu : lease.gpus()) which += (which.empty() ? "" : ", ") + gpu.display_index;
-    print_error(fmt::format("leased GPU{} {} as lease {}{}", lease.gpus().size() == 1 ? "" : "s",
-                            which, lease.id(),
+    print_error(fmt::format("leased GPU{} {}{} as lease {}{}", lease.gpus().size() == 1 ? "" : "s",
+                            which, lease.host().empty() ? "" : " of host " + lease.host(),
+                            lease.id(),
                             pool.device_source().simulated()
                                 ? " (simulated GPUs: " + pool.device_source().description() + ")"
                                 : ""));

@@ -22,6 +22,8 @@
 #include <toml++/toml.h>
 
 #include "gpulock/error.hpp"
+#include "gpulock/parse.hpp"
+#include "redis/redis_url.h"
 #include "util/fd.h"
 #include "util/strings.h"
 
@@ -98,8 +100,30 @@ class ConfigReader {
         config.excluded_gpus = read_gpu_list(node);
       } else if (key == "limits") {
         read_limits(table_at(node, "'limits'"), config);
+      } else if (key == "backend") {
+        config.backend = read_text(node, "'backend'");
+        if (config.backend != "file") {
+          try {
+            parse_redis_url(config.backend);
+          } catch (const Error& error) {
+            fail_at(node.source(),
+                    fmt::format("'backend' must be \"file\" or a redis:// URL: {}", error.what()));
+          }
+        }
+      } else if (key == "pool") {
+        config.pool = read_text(node, "'pool'");
+      } else if (key == "lease_ttl") {
+        try {
+          config.lease_ttl = parse_lease_ttl(read_text(node, "'lease_ttl'"));
+        } catch (const Error& error) {
+          fail_at(node.source(), fmt::format("'lease_ttl': {}", error.what()));
+        }
+      } else if (key == "redis_password_file") {
+        config.redis_password_file = read_text(node, "'redis_password_file'");
       } else {
-        unknown_key(key, node, "", {"policy", "exclude_gpus", "limits"});
+        unknown_key(key, node, "",
+                    {"policy", "exclude_gpus", "limits", "backend", "pool", "lease_ttl",
+                     "redis_password_file"});
       }
     }
     return config;
@@ -133,6 +157,15 @@ class ConfigReader {
     const auto* table = node.as_table();
     if (table == nullptr) wrong_type(node, named, "a table");
     return *table;
+  }
+
+  std::string read_text(const toml::node& node, const std::string& named) const {
+    const auto* text = node.as_string();
+    if (text == nullptr) wrong_type(node, named, "a string");
+    const std::string& value = text->get();
+    if (trim(value).empty() || sanitize_for_display(value, 1024) != value)
+      fail_at(node.source(), fmt::format("{} must be a non-empty line of text", named));
+    return value;
   }
 
   QueuePolicy read_policy(const toml::node& node) const {
@@ -263,6 +296,15 @@ Config parse_config(std::string_view text, const std::string& source_name) {
                              sanitize_for_display(error.description())));
   }
   return ConfigReader(source_name).read(root);
+}
+
+std::chrono::milliseconds parse_lease_ttl(std::string_view text) {
+  const auto ttl = parse_duration(text);
+  if (ttl < std::chrono::milliseconds(500) || ttl > std::chrono::hours(24))
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("a lease TTL must be from 500ms to 1d, not '{}'",
+                            sanitize_for_display(text, 64)));
+  return ttl;
 }
 
 std::string config_path() {

@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include <cstdlib>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -27,8 +29,16 @@ using nlohmann::json;
 constexpr std::uint64_t kGiB = 1024ULL * 1024 * 1024;
 constexpr std::uint64_t kDefaultMemory = 80 * kGiB;
 
+// With GPULOCK_HOST set (fake hosts of a Redis pool on one machine), the UUIDs differ per host
+// name, as real GPUs' do; otherwise they are fixed.
 std::string simulated_uuid(unsigned index) {
-  return fmt::format("GPU-5e1f0a7e-0000-4000-8000-{:012x}", index);
+  std::uint32_t hash = 0;
+  if (const char* host = std::getenv("GPULOCK_HOST"); host != nullptr && *host != '\0') {
+    hash = 2166136261u;  // FNV-1a
+    for (const char* c = host; *c != '\0'; ++c)
+      hash = (hash ^ static_cast<unsigned char>(*c)) * 16777619u;
+  }
+  return fmt::format("GPU-5e1f0a7e-{:04x}-4{:03x}-8000-{:012x}", hash >> 16, hash & 0xfff, index);
 }
 
 Device idle_device(unsigned index) {

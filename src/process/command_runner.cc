@@ -1,13 +1,19 @@
 // run_command(): fork/exec under a lease, forwarding signals and passing the lock descriptors.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "gpulock/error.hpp"
@@ -41,13 +47,20 @@ std::vector<std::string> build_environment(const Lease& lease, VisibleFormat for
 
 std::vector<std::pair<std::string, std::string>> lease_environment(const Lease& lease,
                                                                    VisibleFormat format) {
-  return {{"CUDA_VISIBLE_DEVICES", lease.cuda_visible_devices(format)},
-          {"CUDA_DEVICE_ORDER", "PCI_BUS_ID"},
-          {"GPULOCK_LEASE_ID", lease.id()},
-          {"GPULOCK_GPUS", lease.uuid_list()}};
+  std::vector<std::pair<std::string, std::string>> env{
+      {"CUDA_VISIBLE_DEVICES", lease.cuda_visible_devices(format)},
+      {"CUDA_DEVICE_ORDER", "PCI_BUS_ID"},
+      {"GPULOCK_LEASE_ID", lease.id()},
+      {"GPULOCK_GPUS", lease.uuid_list()}};
+  if (lease.fencing_token() != 0) {
+    env.emplace_back("GPULOCK_FENCING_TOKEN", std::to_string(lease.fencing_token()));
+    env.emplace_back("GPULOCK_HOST", lease.host());
+  }
+  return env;
 }
 
-int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleFormat format) {
+int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleFormat format,
+                LeaseLossAction on_loss) {
   if (argv.empty()) throw Error(ErrorCode::kInvalidArgument, "no command to run");
 
   // Prepare everything the child needs before forking: after fork it only execs.
@@ -80,6 +93,25 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
   } restore{previous};
   UniqueFd signals(::signalfd(-1, &handled, SFD_CLOEXEC));
   if (!signals) throw Error(ErrorCode::kInternal, errno_message("signalfd", errno));
+
+  // The lease keeper's thread reports a lost lease here (Redis backend).
+  // Shared with the callback, so that a late call never writes to a closed descriptor.
+  const auto lost_fd = std::make_shared<UniqueFd>(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!*lost_fd) throw Error(ErrorCode::kInternal, errno_message("eventfd", errno));
+  lease.on_lost([lost_fd, id = lease.id(), on_loss](const std::string& reason) {
+    std::fprintf(stderr, "gpulock: warning: lease %s lost: %s. %s\n", id.c_str(), reason.c_str(),
+                 on_loss == LeaseLossAction::kKill
+                     ? "Stopping the command (--on-lease-loss=kill)."
+                     : "The command keeps running, but its GPUs may be given to others.");
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const ssize_t n = ::write(lost_fd->get(), &one, sizeof one);
+  });
+  struct LossCallbackReset {
+    Lease& lease;
+    ~LossCallbackReset() { lease.on_lost(nullptr); }
+  } reset_callback{lease};
+  bool killing = false;
+  std::chrono::steady_clock::time_point kill_at;
 
   int exec_error_pipe[2];
   if (::pipe2(exec_error_pipe, O_CLOEXEC) != 0)
@@ -117,6 +149,29 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
   }
 
   while (true) {
+    pollfd waits[2] = {{signals.get(), POLLIN, 0}, {lost_fd->get(), POLLIN, 0}};
+    int timeout_ms = -1;
+    if (killing)
+      timeout_ms = static_cast<int>(std::max<long long>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(kill_at -
+                                                                   std::chrono::steady_clock::now())
+                 .count()));
+    if (::poll(waits, 2, timeout_ms) < 0 && errno != EINTR)
+      throw Error(ErrorCode::kInternal, errno_message("poll", errno));
+    if (waits[1].revents & POLLIN) {
+      std::uint64_t count = 0;
+      [[maybe_unused]] const ssize_t got_count = ::read(lost_fd->get(), &count, sizeof count);
+      if (on_loss == LeaseLossAction::kKill && !killing) {
+        ::kill(child, SIGTERM);
+        killing = true;
+        kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(kLeaseLossGraceSeconds);
+      }
+    }
+    if (killing && std::chrono::steady_clock::now() >= kill_at) {
+      ::kill(child, SIGKILL);
+      killing = false;
+    }
+    if (!(waits[0].revents & POLLIN)) continue;
     signalfd_siginfo info{};
     const ssize_t n = ::read(signals.get(), &info, sizeof info);
     if (n < 0 && errno == EINTR) continue;

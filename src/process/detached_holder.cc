@@ -20,6 +20,7 @@
 
 #include "gpulock/error.hpp"
 #include "gpulock/run.hpp"
+#include "lease_impl.h"
 #include "process/process_identity.h"
 #include "util/fd.h"
 
@@ -56,6 +57,8 @@ void close_all_except(const std::set<int>& keep) {
   std::set<int> keep(lease.lock_fds().begin(), lease.lock_fds().end());
   keep.insert({pidfd, ready_fd, signals});
   close_all_except(keep);
+  // A Redis lease is renewed from here on, by this process.
+  if (LeaseKeeper* keeper = lease.impl()->keeper.get()) keeper->resume_in_child();
 
   lease.set_holder(::getpid(), "detached", watched.pid);
   const pid_t self = ::getpid();  // "ready": the holder's pid
@@ -70,7 +73,8 @@ void close_all_except(const std::set<int>& keep) {
     if (ready_count > 0 && (fds[0].revents != 0 || (count == 2 && fds[1].revents != 0))) break;
     if (pidfd < 0 && !is_alive(watched)) break;
   }
-  // Exiting closes the lock descriptors: the kernel releases the GPUs.
+  // Releasing closes the lock descriptors (the kernel releases the GPUs) or ends the Redis lease.
+  lease.release();
   ::_exit(0);
 }
 
@@ -87,6 +91,9 @@ pid_t detach_lease(Lease& lease, pid_t watched_pid) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("--for-pid {}: the process exited", watched_pid));
 
+  // No thread may hold a lock across fork: the keeper's renewals stop until the holder resumes.
+  LeaseKeeper* keeper = lease.impl() ? lease.impl()->keeper.get() : nullptr;
+  if (keeper) keeper->prepare_fork();
   int ready_pipe[2];
   if (::pipe2(ready_pipe, O_CLOEXEC) != 0)
     throw Error(ErrorCode::kInternal, errno_message("pipe2", errno));
@@ -110,8 +117,11 @@ pid_t detach_lease(Lease& lease, pid_t watched_pid) {
   do {
     got = ::read(ready_read.get(), &holder, sizeof holder);
   } while (got < 0 && errno == EINTR);
-  if (got != static_cast<ssize_t>(sizeof holder) || holder <= 0)
+  if (got != static_cast<ssize_t>(sizeof holder) || holder <= 0) {
+    if (keeper) keeper->resume_in_child();  // still ours: renew it again (a fresh connection)
     throw Error(ErrorCode::kInternal, "the detached lease holder failed to start");
+  }
+  if (keeper) keeper->disown();  // the holder renews and releases it now
   // The caller's own copies of the descriptors go with its Lease; the holder keeps the GPUs.
   return holder;
 }

@@ -1,0 +1,224 @@
+// RedisConnection over hiredis's synchronous API.
+#include "redis/redis_connection.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/time.h>
+
+#include <cerrno>
+#include <map>
+#include <mutex>
+
+#include <hiredis/hiredis.h>
+
+#include <fmt/format.h>
+
+#include "gpulock/error.hpp"
+#include "util/strings.h"
+
+namespace gpulock {
+namespace {
+
+timeval to_timeval(std::chrono::milliseconds timeout) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+  return tv;
+}
+
+RedisValue convert(const redisReply* reply) {
+  RedisValue value;
+  switch (reply->type) {
+    case REDIS_REPLY_INTEGER:
+      value.type = RedisValue::Type::kInteger;
+      value.integer = reply->integer;
+      break;
+    case REDIS_REPLY_STRING:
+      value.type = RedisValue::Type::kString;
+      value.text.assign(reply->str, reply->len);
+      break;
+    case REDIS_REPLY_STATUS:
+      value.type = RedisValue::Type::kStatus;
+      value.text.assign(reply->str, reply->len);
+      break;
+    case REDIS_REPLY_ERROR:
+      value.type = RedisValue::Type::kError;
+      value.text.assign(reply->str, reply->len);
+      break;
+    case REDIS_REPLY_ARRAY:
+      value.type = RedisValue::Type::kArray;
+      value.elements.reserve(reply->elements);
+      for (std::size_t i = 0; i < reply->elements; ++i)
+        value.elements.push_back(convert(reply->element[i]));
+      break;
+    default:
+      value.type = RedisValue::Type::kNil;
+  }
+  return value;
+}
+
+struct ReplyDeleter {
+  void operator()(void* reply) const {
+    if (reply) freeReplyObject(reply);
+  }
+};
+
+// The SHA-1 of each script, as the server reported it.
+std::mutex script_shas_mutex;
+std::map<const char*, std::string> script_shas;
+
+}  // namespace
+
+std::string redis_error_text(const RedisValue& value) {
+  return value.is_error() ? value.text : std::string();
+}
+
+RedisConnection::RedisConnection(redisContext* context, RedisEndpoint endpoint)
+    : context_(context), endpoint_(std::move(endpoint)) {}
+
+RedisConnection::~RedisConnection() {
+  if (context_) redisFree(context_);
+}
+
+std::unique_ptr<RedisConnection> RedisConnection::connect(const RedisEndpoint& endpoint,
+                                                          std::chrono::milliseconds timeout) {
+  redisContext* context =
+      redisConnectWithTimeout(endpoint.host.c_str(), endpoint.port, to_timeval(timeout));
+  if (context == nullptr)
+    throw Error(ErrorCode::kEnvironment,
+                fmt::format("cannot connect to Redis at {}: out of memory", endpoint.display()));
+  std::unique_ptr<RedisConnection> connection(new RedisConnection(context, endpoint));
+  if (context->err) {
+    throw Error(ErrorCode::kEnvironment,
+                fmt::format("cannot connect to Redis at {}: {} (is redis-server running there? "
+                            "GPULOCK_BACKEND names it)",
+                            endpoint.display(), sanitize_for_display(context->errstr, 200)));
+  }
+  // Commands that gpulock runs must not inherit the connection.
+  ::fcntl(context->fd, F_SETFD, ::fcntl(context->fd, F_GETFD) | FD_CLOEXEC);
+  redisSetTimeout(context, to_timeval(timeout));
+  redisEnableKeepAlive(context);
+  if (!endpoint.password.empty()) {
+    std::vector<std::string> auth{"AUTH"};
+    if (!endpoint.user.empty()) auth.push_back(endpoint.user);
+    auth.push_back(endpoint.password);
+    const RedisValue reply = connection->command(auth);
+    if (reply.is_error())
+      throw Error(ErrorCode::kEnvironment,
+                  fmt::format("Redis at {} refused the login: {}", endpoint.display(),
+                              sanitize_for_display(reply.text, 200)));
+  }
+  if (endpoint.db != 0) {
+    const RedisValue reply = connection->command({"SELECT", std::to_string(endpoint.db)});
+    if (reply.is_error())
+      throw Error(ErrorCode::kEnvironment,
+                  fmt::format("Redis at {}: cannot select database {}: {}", endpoint.display(),
+                              endpoint.db, sanitize_for_display(reply.text, 200)));
+  }
+  return connection;
+}
+
+void RedisConnection::fail(const std::string& doing) {
+  broken_ = true;
+  const std::string why =
+      context_->err ? sanitize_for_display(context_->errstr, 200) : std::string("no reply");
+  const bool timed_out = context_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == ETIMEDOUT);
+  throw Error(ErrorCode::kEnvironment,
+              fmt::format("Redis at {}: {} failed: {}", endpoint_.display(), doing,
+                          timed_out ? "no answer in time (server paused or overloaded?)" : why));
+}
+
+RedisValue RedisConnection::checked(void* reply, const std::string& doing) {
+  std::unique_ptr<void, ReplyDeleter> owned(reply);
+  if (!owned || context_->err) fail(doing);
+  return convert(static_cast<const redisReply*>(owned.get()));
+}
+
+RedisValue RedisConnection::command(const std::vector<std::string>& args) {
+  if (broken_) fail(args.empty() ? "a command" : args.front());
+  std::vector<const char*> argv;
+  std::vector<std::size_t> lengths;
+  for (const auto& arg : args) {
+    argv.push_back(arg.data());
+    lengths.push_back(arg.size());
+  }
+  void* reply =
+      redisCommandArgv(context_, static_cast<int>(argv.size()), argv.data(), lengths.data());
+  return checked(reply, args.empty() ? "a command" : args.front());
+}
+
+RedisValue RedisConnection::run(const RedisScript& script, const std::vector<std::string>& keys,
+                                const std::vector<std::string>& args) {
+  std::string sha;
+  {
+    std::lock_guard<std::mutex> lock(script_shas_mutex);
+    if (const auto it = script_shas.find(script.source); it != script_shas.end()) sha = it->second;
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (sha.empty()) {
+      const RedisValue loaded = command({"SCRIPT", "LOAD", script.source});
+      if (loaded.is_error() || loaded.type != RedisValue::Type::kString)
+        throw Error(ErrorCode::kEnvironment,
+                    fmt::format("Redis at {}: cannot load the {} script: {}", endpoint_.display(),
+                                script.name, sanitize_for_display(loaded.text, 200)));
+      sha = loaded.text;
+      std::lock_guard<std::mutex> lock(script_shas_mutex);
+      script_shas[script.source] = sha;
+    }
+    std::vector<std::string> call{"EVALSHA", sha, std::to_string(keys.size())};
+    call.insert(call.end(), keys.begin(), keys.end());
+    call.insert(call.end(), args.begin(), args.end());
+    RedisValue reply = command(call);
+    if (reply.is_error() && reply.text.starts_with("NOSCRIPT")) {
+      sha.clear();  // the server restarted or flushed its scripts: load it again
+      continue;
+    }
+    if (reply.is_error())
+      throw Error(ErrorCode::kEnvironment,
+                  fmt::format("Redis at {}: the {} script failed: {}", endpoint_.display(),
+                              script.name, sanitize_for_display(reply.text, 300)));
+    return reply;
+  }
+  throw Error(ErrorCode::kEnvironment,
+              fmt::format("Redis at {}: the {} script keeps disappearing (SCRIPT FLUSH?)",
+                          endpoint_.display(), script.name));
+}
+
+void RedisConnection::abandon_after_fork() {
+  context_->fd = -1;
+  broken_ = true;
+}
+
+void RedisConnection::set_timeout(std::chrono::milliseconds timeout) {
+  redisSetTimeout(context_, to_timeval(timeout));
+}
+
+void RedisConnection::subscribe(const std::string& channel) {
+  const RedisValue reply = command({"SUBSCRIBE", channel});
+  if (reply.type != RedisValue::Type::kArray)
+    throw Error(ErrorCode::kEnvironment,
+                fmt::format("Redis at {}: cannot subscribe to {}: {}", endpoint_.display(), channel,
+                            sanitize_for_display(reply.text, 200)));
+}
+
+std::optional<std::string> RedisConnection::next_message(std::chrono::milliseconds timeout) {
+  if (broken_) fail("waiting for a message");
+  void* raw = nullptr;
+  if (redisGetReplyFromReader(context_, &raw) != REDIS_OK) fail("reading a message");
+  if (raw == nullptr) {
+    pollfd pfd{context_->fd, POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
+    if (ready <= 0) return std::nullopt;  // timed out, or a signal: the caller checks
+    if (redisBufferRead(context_) != REDIS_OK) fail("reading a message");
+    if (redisGetReplyFromReader(context_, &raw) != REDIS_OK) fail("reading a message");
+    if (raw == nullptr) return std::nullopt;  // part of a message: the rest comes later
+  }
+  const RedisValue value = checked(raw, "reading a message");
+  // ["message", channel, payload]
+  if (value.type == RedisValue::Type::kArray && value.elements.size() == 3 &&
+      value.elements[0].text == "message")
+    return value.elements[2].text;
+  return std::string();
+}
+
+}  // namespace gpulock

@@ -1,0 +1,81 @@
+// RedisConnection: one synchronous connection to the Redis server (hiredis), logged in and on the
+// pool's database, with replies copied into plain values and server-side scripts run by SHA.
+//
+// Every failure to reach or talk to the server throws Error(kEnvironment) (exit 69) naming the
+// endpoint with its password masked; the connection is then broken() and must be replaced.
+// Error replies from the server are values (RedisValue::Type::kError), not exceptions.
+// Not thread-safe: one connection per thread.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "redis/redis_url.h"
+
+struct redisContext;
+
+namespace gpulock {
+
+struct RedisValue {
+  enum class Type { kNil, kInteger, kString, kStatus, kError, kArray };
+  Type type = Type::kNil;
+  long long integer = 0;
+  std::string text;  // kString, kStatus, kError
+  std::vector<RedisValue> elements;
+
+  bool is_error() const { return type == Type::kError; }
+  bool is_nil() const { return type == Type::kNil; }
+};
+
+// A Lua script run with EVALSHA. Its SHA-1 is learnt from SCRIPT LOAD the first time and kept
+// for the process; a server that lost it (restart, SCRIPT FLUSH) gets it again.
+struct RedisScript {
+  const char* name;
+  const char* source;
+};
+
+class RedisConnection {
+ public:
+  // Connects, authenticates and selects the database. Throws kEnvironment.
+  static std::unique_ptr<RedisConnection> connect(const RedisEndpoint& endpoint,
+                                                  std::chrono::milliseconds timeout);
+  ~RedisConnection();
+  RedisConnection(const RedisConnection&) = delete;
+  RedisConnection& operator=(const RedisConnection&) = delete;
+
+  RedisValue command(const std::vector<std::string>& args);
+  // Runs a script; an error reply from it throws kEnvironment with the script's name (a script
+  // error is a server problem: permissions, memory, a server too old).
+  RedisValue run(const RedisScript& script, const std::vector<std::string>& keys,
+                 const std::vector<std::string>& args);
+
+  // How long a command may take before it fails (and breaks the connection).
+  void set_timeout(std::chrono::milliseconds timeout);
+  bool broken() const { return broken_; }
+  // In a forked child: forget the parent's socket without touching it (the parent still uses
+  // it); the connection is broken afterwards.
+  void abandon_after_fork();
+  const RedisEndpoint& endpoint() const { return endpoint_; }
+
+  // Pub/sub: after subscribe(), the connection only receives messages. next_message() returns
+  // the next message's payload, or nullopt when `timeout` passes or a signal interrupts it.
+  void subscribe(const std::string& channel);
+  std::optional<std::string> next_message(std::chrono::milliseconds timeout);
+
+ private:
+  RedisConnection(redisContext* context, RedisEndpoint endpoint);
+  [[noreturn]] void fail(const std::string& doing);
+  RedisValue checked(void* reply, const std::string& doing);
+
+  redisContext* context_;
+  RedisEndpoint endpoint_;
+  bool broken_ = false;
+};
+
+// "message" from a reply: the error text of an error, else "".
+std::string redis_error_text(const RedisValue& value);
+
+}  // namespace gpulock

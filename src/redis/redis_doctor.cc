@@ -1,0 +1,148 @@
+// RedisPool::doctor(): what an administrator checks first when the Redis backend misbehaves.
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "gpulock/error.hpp"
+#include "redis/redis_pool.h"
+#include "redis/redis_scripts.h"
+#include "util/random_id.h"
+#include "util/strings.h"
+
+namespace gpulock {
+namespace {
+
+using Level = DoctorCheck::Level;
+using Clock = std::chrono::steady_clock;
+
+std::string info_field(const std::string& info, const std::string& name) {
+  const auto at = info.find(name + ":");
+  if (at == std::string::npos) return "";
+  const auto begin = at + name.size() + 1;
+  return info.substr(begin, info.find_first_of("\r\n", begin) - begin);
+}
+
+// Which kind of value each of the pool's keys must hold ("" = unknown key).
+std::string expected_type(const std::string& key, const std::string& prefix) {
+  const std::string rest = key.substr(prefix.size());
+  const auto starts = [&](const char* p) { return rest.starts_with(p); };
+  if (rest == "version" || rest == "token" || rest == "queue_seq") return "string";
+  if (rest == "hosts" || rest == "queue") return "zset";
+  if (starts("host:") || starts("gpu:") || starts("lease:") || starts("ticket:")) return "hash";
+  if (starts("gpus:")) return "set";
+  if (starts("lock:") || starts("served:") || starts("ended:") || starts("doctor:"))
+    return "string";
+  return "";
+}
+
+}  // namespace
+
+std::vector<DoctorCheck> RedisPool::doctor() {
+  std::vector<DoctorCheck> checks;
+  const auto add = [&](Level level, std::string name, std::string detail) {
+    checks.push_back(DoctorCheck{level, std::move(name), std::move(detail)});
+  };
+  add(Level::kOk, "backend",
+      fmt::format("redis at {}, pool '{}' (keys {}*), this host registers as '{}', lease TTL {} ms",
+                  settings_.endpoint.display(), settings_.pool, settings_.prefix(), settings_.host,
+                  settings_.lease_ttl.count()));
+  std::unique_ptr<RedisConnection> connection;
+  const auto connect_start = Clock::now();
+  try {
+    connection = RedisConnection::connect(settings_.endpoint, std::chrono::milliseconds(3000));
+  } catch (const Error& error) {
+    add(Level::kFailed, "connection", error.what());
+    return checks;
+  }
+  add(Level::kOk, "connection",
+      fmt::format("connected and logged in{} in {:.1f} ms",
+                  settings_.endpoint.user.empty() ? "" : " as " + settings_.endpoint.user,
+                  std::chrono::duration<double, std::milli>(Clock::now() - connect_start).count()));
+  try {
+    const RedisValue info = connection->command({"INFO", "server"});
+    const std::string version = info_field(info.text, "redis_version");
+    const int major = version.empty() ? 0 : std::atoi(version.c_str());
+    if (info.is_error() || version.empty()) {
+      add(Level::kWarning, "server version",
+          "INFO is not allowed or not answered; gpulock needs Redis 6 or later");
+    } else {
+      add(major >= 6 ? Level::kOk : Level::kFailed, "server version",
+          major >= 6 ? "Redis " + version : "Redis " + version + " is too old: gpulock needs 6+");
+    }
+
+    std::vector<double> round_trips;
+    for (int i = 0; i < 20; ++i) {
+      const auto sent = Clock::now();
+      connection->command({"PING"});
+      round_trips.push_back(std::chrono::duration<double, std::milli>(Clock::now() - sent).count());
+    }
+    std::sort(round_trips.begin(), round_trips.end());
+    add(round_trips[10] < 50 ? Level::kOk : Level::kWarning, "round trip",
+        fmt::format("median {:.3f} ms over 20 PINGs", round_trips[10]));
+
+    // The scripts, and the permissions they need (EVALSHA, the pool's keys, PUBLISH).
+    const std::vector<Device> local = register_devices(*connection, /*force=*/true);
+    const Snapshot snap = snapshot(*connection, "", local);
+    add(Level::kOk, "scripts",
+        fmt::format("registered {} GPU{} of this host; the pool has {} host{} and {} GPU{}",
+                    local.size(), local.size() == 1 ? "" : "s", snap.hosts.size(),
+                    snap.hosts.size() == 1 ? "" : "s", snap.gpus.size(),
+                    snap.gpus.size() == 1 ? "" : "s"));
+    const RedisValue subscribed =
+        connection->command({"PUBLISH", settings_.prefix() + "events", "doctor"});
+    add(subscribed.is_error() ? Level::kFailed : Level::kOk, "notifications",
+        subscribed.is_error() ? "PUBLISH refused: " + subscribed.text +
+                                    " (waiters would only wake on their 10 s re-check)"
+                              : "PUBLISH allowed on " + settings_.prefix() + "events");
+
+    // Persistence decides how fencing tokens survive a restart.
+    const RedisValue save = connection->command({"CONFIG", "GET", "save"});
+    const RedisValue aof = connection->command({"CONFIG", "GET", "appendonly"});
+    if (save.is_error() || aof.is_error() || save.elements.size() < 2 || aof.elements.size() < 2) {
+      add(Level::kOk, "persistence",
+          "CONFIG GET not allowed; fencing tokens stay increasing across restarts either way "
+          "(they are at least the server's time in microseconds)");
+    } else {
+      const bool persistent = !save.elements[1].text.empty() || aof.elements[1].text == "yes";
+      add(Level::kOk, "persistence",
+          persistent ? "snapshots or AOF on: leases and tokens survive a restart"
+                     : "no persistence: after a restart holders re-create their leases at their "
+                       "next renewal, and new fencing tokens continue from the server's time in "
+                       "microseconds, above every earlier one (unless the server's clock was "
+                       "set back)");
+    }
+
+    // Keys under the prefix that hold the wrong kind of value.
+    std::size_t keys = 0;
+    std::vector<std::string> wrong;
+    std::string cursor = "0";
+    do {
+      const RedisValue page =
+          connection->command({"SCAN", cursor, "MATCH", settings_.prefix() + "*", "COUNT", "1000"});
+      if (page.is_error() || page.elements.size() != 2) break;
+      cursor = page.elements[0].text;
+      for (const auto& key : page.elements[1].elements) {
+        ++keys;
+        const std::string expected = expected_type(key.text, settings_.prefix());
+        const std::string actual = connection->command({"TYPE", key.text}).text;
+        bool bad = expected != actual;
+        if (!bad && key.text.starts_with(settings_.prefix() + "lock:"))
+          bad = !is_lease_id(connection->command({"GET", key.text}).text);
+        if (bad && wrong.size() < 10)
+          wrong.push_back(fmt::format("{} ({})", sanitize_for_display(key.text, 120), actual));
+      }
+    } while (cursor != "0");
+    add(wrong.empty() ? Level::kOk : Level::kWarning, "keys",
+        wrong.empty() ? fmt::format("{} keys under {}, all well-formed", keys, settings_.prefix())
+                      : fmt::format("unexpected content in: {}. GPUs whose lock key holds "
+                                    "garbage are never given out; delete such keys by hand",
+                                    fmt::join(wrong, ", ")));
+    for (const auto& warning : snap.warnings) add(Level::kWarning, "pool", warning);
+  } catch (const Error& error) {
+    add(Level::kFailed, "server", error.what());
+  }
+  return checks;
+}
+
+}  // namespace gpulock

@@ -1,0 +1,206 @@
+// RedisLeaseKeeper: the renewal thread of a Redis lease.
+#include "redis/redis_lease_keeper.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "gpulock/error.hpp"
+#include "redis/redis_scripts.h"
+
+namespace gpulock {
+namespace {
+
+using namespace std::chrono_literals;
+
+// How long one renewal or the final release may take: a third of the TTL at most, so that a
+// stuck server is noticed while there is time to retry.
+std::chrono::milliseconds call_timeout(std::chrono::milliseconds ttl) {
+  return std::clamp(ttl / 3, std::chrono::milliseconds(100), std::chrono::milliseconds(5000));
+}
+
+}  // namespace
+
+RedisLeaseKeeper::RedisLeaseKeeper(RedisLeaseTerms terms, std::string record_json,
+                                   std::shared_ptr<RedisConnectionCache> connections,
+                                   Clock::time_point confirmed_at)
+    : terms_(std::move(terms)),
+      connections_(std::move(connections)),
+      record_json_(std::move(record_json)),
+      confirmed_at_(confirmed_at) {
+  start();
+}
+
+RedisLeaseKeeper::~RedisLeaseKeeper() {
+  stop();
+  if (disowned_) return;
+  // Compare-and-delete: a lease that expired and went to someone else is left alone.
+  try {
+    RedisConnectionLoan connection(*connections_, call_timeout(terms_.ttl));
+    std::vector<std::string> args{terms_.lease_id};
+    args.insert(args.end(), terms_.uuids.begin(), terms_.uuids.end());
+    connection->run(redis_scripts::kRelease, {terms_.version_key}, args);
+  } catch (const Error& error) {
+    std::fprintf(stderr,
+                 "gpulock: warning: lease %s: cannot release it now (%s); its GPUs return when "
+                 "it expires, within %lld ms\n",
+                 terms_.lease_id.c_str(), error.what(), static_cast<long long>(terms_.ttl.count()));
+  }
+}
+
+void RedisLeaseKeeper::start() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = false;
+  }
+  // The thread takes no signals: they belong to the program (run_command reads them from a
+  // signalfd; a Python program handles them in its main thread).
+  sigset_t all, previous;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &previous);
+  thread_ = std::thread([this] { run(); });
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+}
+
+void RedisLeaseKeeper::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void RedisLeaseKeeper::update_record(const std::string& record_json) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    record_json_ = record_json;
+    record_dirty_ = true;
+  }
+  wake_.notify_all();
+}
+
+void RedisLeaseKeeper::on_lost(std::function<void(const std::string&)> callback) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  on_lost_ = std::move(callback);
+}
+
+void RedisLeaseKeeper::prepare_fork() {
+  stop();
+}
+
+void RedisLeaseKeeper::disown() {
+  stop();
+  disowned_ = true;
+}
+
+void RedisLeaseKeeper::resume_in_child() {
+  connections_->abandon_after_fork();
+  connections_ =
+      std::make_shared<RedisConnectionCache>(connections_->endpoint(), connections_->timeout());
+  start();
+}
+
+void RedisLeaseKeeper::warn_once(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (warned_) return;
+    warned_ = true;
+  }
+  std::fprintf(stderr, "gpulock: warning: lease %s: %s; retrying\n", terms_.lease_id.c_str(),
+               message.c_str());
+}
+
+void RedisLeaseKeeper::declare_lost(const std::string& reason) {
+  if (lost_.exchange(true)) return;
+  std::function<void(const std::string&)> callback;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    callback = on_lost_;
+  }
+  if (callback) {
+    callback(reason);
+  } else {
+    std::fprintf(stderr, "gpulock: warning: lease %s lost: %s. Its GPUs may be given to others.\n",
+                 terms_.lease_id.c_str(), reason.c_str());
+  }
+}
+
+void RedisLeaseKeeper::run() {
+  const auto period = terms_.ttl / 3;
+  auto retry_pause = std::chrono::milliseconds(100);
+  Clock::time_point next = Clock::now() + period;
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    const Clock::time_point lost_at = confirmed_at_ + terms_.ttl;
+    wake_.wait_until(lock, std::min(next, lost_at), [&] {
+      return stopping_ || record_dirty_ || Clock::now() >= std::min(next, lost_at);
+    });
+    if (stopping_) break;
+    if (Clock::now() >= lost_at) {
+      lock.unlock();
+      declare_lost(
+          fmt::format("it could not be renewed for its whole TTL ({} ms)", terms_.ttl.count()));
+      return;  // a lost lease is not renewed: someone else may hold its GPUs now
+    }
+    const std::string record = record_json_;
+    record_dirty_ = false;
+    lock.unlock();
+
+    const Clock::time_point sent = Clock::now();
+    std::string lost_reason;
+    bool renewed = false;
+    try {
+      const auto timeout =
+          std::max(std::chrono::duration_cast<std::chrono::milliseconds>(lost_at - sent),
+                   std::chrono::milliseconds(50));
+      RedisConnectionLoan connection(*connections_, std::min(timeout, call_timeout(terms_.ttl)));
+      std::vector<std::string> args{terms_.lease_id,
+                                    std::to_string(terms_.ttl.count()),
+                                    std::to_string(terms_.token),
+                                    record,
+                                    terms_.user,
+                                    terms_.gpu_host};
+      args.insert(args.end(), terms_.uuids.begin(), terms_.uuids.end());
+      const RedisValue reply = connection->run(redis_scripts::kRenew, {terms_.version_key}, args);
+      const std::string outcome = reply.type == RedisValue::Type::kArray && !reply.elements.empty()
+                                      ? reply.elements[0].text
+                                      : std::string();
+      if (outcome == "ok" || outcome == "restored") {
+        renewed = true;
+      } else if (outcome == "lost") {
+        const std::string uuid = reply.elements.size() > 1 ? reply.elements[1].text : "?";
+        const std::string holder = reply.elements.size() > 2 ? reply.elements[2].text : "?";
+        lost_reason = holder == "released"
+                          ? "it was released by `gpulock release`"
+                          : fmt::format("GPU {} is held by another lease ({})", uuid, holder);
+      } else {
+        warn_once("the renew script gave an unexpected reply");
+      }
+    } catch (const Error& error) {
+      warn_once(fmt::format("cannot renew it: {}", error.what()));
+    }
+    if (!lost_reason.empty()) {
+      declare_lost(lost_reason);
+      return;
+    }
+    lock.lock();
+    if (renewed) {
+      confirmed_at_ = sent;
+      next = sent + period;
+      retry_pause = std::chrono::milliseconds(100);
+      if (warned_) {
+        warned_ = false;
+        std::fprintf(stderr, "gpulock: lease %s: renewed again\n", terms_.lease_id.c_str());
+      }
+    } else {
+      next = Clock::now() + retry_pause;
+      retry_pause = std::min(retry_pause * 2, std::max(period / 2, std::chrono::milliseconds(100)));
+    }
+  }
+}
+
+}  // namespace gpulock

@@ -1,0 +1,75 @@
+// RedisLeaseKeeper: renews a Redis lease from a background thread every TTL/3, and releases it.
+//
+// Renewals that fail (Redis unreachable, paused, restarting) are retried with back-off and warned
+// about once. The lease counts as lost when a whole TTL passes since the last renewal the
+// server confirmed (counted from when that renewal was sent, so the server's copy can only expire
+// later), or when the renew script reports another lease on one of its GPUs. A server that
+// restarted empty gets the lease back at the next renewal if nobody took its GPUs meanwhile.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lease_keeper.h"
+#include "redis/redis_connection_cache.h"
+
+namespace gpulock {
+
+struct RedisLeaseTerms {
+  std::string version_key;  // KEYS[1] of the scripts: "gpulock:{POOL}:version"
+  std::chrono::milliseconds ttl{30000};
+  std::string lease_id;
+  std::uint64_t token = 0;
+  std::vector<std::string> uuids;
+  std::string user;
+  std::string gpu_host;
+};
+
+class RedisLeaseKeeper final : public LeaseKeeper {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // `confirmed_at`: when the acquire that created the lease was sent.
+  RedisLeaseKeeper(RedisLeaseTerms terms, std::string record_json,
+                   std::shared_ptr<RedisConnectionCache> connections,
+                   Clock::time_point confirmed_at);
+  ~RedisLeaseKeeper() override;
+
+  void update_record(const std::string& record_json) override;
+  bool lost() const override { return lost_.load(); }
+  void on_lost(std::function<void(const std::string&)> callback) override;
+  void prepare_fork() override;
+  void disown() override;
+  void resume_in_child() override;
+
+ private:
+  void start();
+  void stop();
+  void run();
+  void declare_lost(const std::string& reason);
+  void warn_once(const std::string& message);
+
+  const RedisLeaseTerms terms_;
+  std::shared_ptr<RedisConnectionCache> connections_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  bool record_dirty_ = false;
+  bool disowned_ = false;
+  bool warned_ = false;
+  std::string record_json_;
+  std::function<void(const std::string&)> on_lost_;
+  Clock::time_point confirmed_at_;
+  std::atomic<bool> lost_{false};
+  std::thread thread_;
+};
+
+}  // namespace gpulock

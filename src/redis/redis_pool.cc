@@ -1,0 +1,240 @@
+// RedisPool: registration of this host's GPUs, reading the pool (snapshot) and planning it.
+#include "redis/redis_pool.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "device_fitness.h"
+#include "gpulock/error.hpp"
+#include "gpulock/version.hpp"
+#include "redis/device_record.h"
+#include "redis/redis_scripts.h"
+#include "util/random_id.h"
+#include "util/strings.h"
+
+namespace gpulock {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Registration refreshes the readings other hosts' health filters use at least this often
+// when this host leases or shows its status.
+constexpr auto kRegistrationRefresh = std::chrono::seconds(30);
+
+template <typename T>
+std::optional<T> number(const std::string& text) {
+  T value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+const RedisValue& element(const RedisValue& array, std::size_t i) {
+  static const RedisValue nil;
+  return array.type == RedisValue::Type::kArray && i < array.elements.size() ? array.elements[i]
+                                                                             : nil;
+}
+
+long long integer_of(const RedisValue& value) {
+  if (value.type == RedisValue::Type::kInteger) return value.integer;
+  return number<long long>(value.text).value_or(0);
+}
+
+}  // namespace
+
+RedisPool::RedisPool(std::unique_ptr<DeviceSource> source, Config config,
+                     const PoolOptions& options, RedisSettings settings)
+    : source_(std::move(source)),
+      config_(std::move(config)),
+      options_(options),
+      settings_(std::move(settings)),
+      connections_(std::make_shared<RedisConnectionCache>(settings_.endpoint,
+                                                          std::chrono::milliseconds(5000))) {}
+
+uid_t RedisPool::plan_uid(const std::string& user) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto [it, added] = plan_uids_.emplace(user, static_cast<uid_t>(plan_uids_.size() + 1));
+  return it->second;
+}
+
+std::vector<Device> RedisPool::register_devices(RedisConnection& connection, bool force) {
+  std::vector<Device> devices = source_->devices();
+  std::vector<std::string> args{
+      settings_.host, nlohmann::json{{"gpulock", GPULOCK_VERSION_STRING},
+                                     {"device_source", source_->description()},
+                                     {"simulated", source_->simulated()}}
+                          .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
+  std::string signature;
+  for (const auto& device : devices) {
+    args.push_back(device.uuid);
+    args.push_back(device_static_json(device));
+    args.push_back(device_readings_json(device));
+    signature += args[args.size() - 2];
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!force && signature == registered_signature_ &&
+        Clock::now() - registered_at_ < kRegistrationRefresh)
+      return devices;
+  }
+  connection.run(redis_scripts::kRegister, {settings_.version_key()}, args);
+  std::lock_guard<std::mutex> lock(mutex_);
+  registered_signature_ = signature;
+  registered_at_ = Clock::now();
+  return devices;
+}
+
+RedisPool::Snapshot RedisPool::snapshot(RedisConnection& connection, const std::string& host_filter,
+                                        const std::vector<Device>& local_devices) {
+  const RedisValue reply =
+      connection.run(redis_scripts::kSnapshot, {settings_.version_key()}, {host_filter});
+  Snapshot out;
+  out.version = element(reply, 0).text;
+  out.now_ms = integer_of(element(reply, 1));
+
+  const RedisValue& hosts = element(reply, 2);
+  for (std::size_t i = 0; i + 2 < hosts.elements.size(); i += 3)
+    out.hosts.push_back(
+        HostEntry{hosts.elements[i].text,
+                  static_cast<long long>(number<double>(hosts.elements[i + 1].text).value_or(0))});
+
+  const RedisValue& gpus = element(reply, 3);
+  for (std::size_t i = 0; i + 6 < gpus.elements.size(); i += 7) {
+    Gpu gpu;
+    const std::string& uuid = gpus.elements[i].text;
+    gpu.host = gpus.elements[i + 1].text;
+    gpu.lock = gpus.elements[i + 5].text;
+    gpu.lock_ttl_ms = integer_of(gpus.elements[i + 6]);
+    if (!gpu.lock.empty() && gpu.lock != "!garbage" && !is_lease_id(gpu.lock))
+      gpu.lock = "!garbage";
+    if (gpu.host == settings_.host) {
+      const auto live = std::find_if(local_devices.begin(), local_devices.end(),
+                                     [&](const Device& d) { return d.uuid == uuid; });
+      if (live != local_devices.end()) {
+        gpu.device = *live;
+        gpu.local = true;
+      }
+    }
+    if (!gpu.local) {
+      auto device = parse_registered_device(gpus.elements[i + 2].text, gpus.elements[i + 3].text);
+      if (!device || device->uuid != uuid) {
+        out.warnings.push_back(fmt::format("the registration of GPU {} (host {}) is unreadable",
+                                           sanitize_for_display(uuid, 80),
+                                           sanitize_for_display(gpu.host, 64)));
+        continue;
+      }
+      gpu.device = std::move(*device);
+    }
+    out.gpus.push_back(std::move(gpu));
+  }
+  // This host's GPUs first, each host's in index order.
+  std::stable_sort(out.gpus.begin(), out.gpus.end(), [&](const Gpu& a, const Gpu& b) {
+    if (a.local != b.local) return a.local;
+    if (a.host != b.host) return a.host < b.host;
+    if (a.device.index != b.device.index) return a.device.index < b.device.index;
+    return a.device.mig_index.value_or(0) < b.device.mig_index.value_or(0);
+  });
+
+  const RedisValue& leases = element(reply, 4);
+  for (std::size_t i = 0; i + 3 < leases.elements.size(); i += 4) {
+    LeaseEntry entry;
+    const std::string& id = leases.elements[i].text;
+    entry.record = parse_holder_record(leases.elements[i + 1].text);
+    if (entry.record && entry.record->lease_id != id) entry.record.reset();
+    entry.token = number<std::uint64_t>(leases.elements[i + 2].text).value_or(0);
+    entry.ttl_ms = integer_of(leases.elements[i + 3]);
+    out.leases.emplace(id, std::move(entry));
+  }
+
+  const RedisValue& tickets = element(reply, 5);
+  for (std::size_t i = 0; i + 4 < tickets.elements.size(); i += 5) {
+    const std::string& id = tickets.elements[i].text;
+    std::optional<Ticket> ticket = parse_ticket(tickets.elements[i + 2].text);
+    const auto seq = number<double>(tickets.elements[i + 1].text);
+    if (!ticket || ticket->id != id || !seq || *seq < 1 || *seq > 9e15) {
+      out.warnings.push_back(
+          fmt::format("queue entry {} is unreadable and ignored", sanitize_for_display(id, 40)));
+      continue;
+    }
+    ticket->seq = static_cast<std::uint64_t>(*seq);
+    out.ticket_uids.push_back(ticket->uid);
+    ticket->uid = plan_uid(ticket->user);
+    if (const auto served = number<std::int64_t>(tickets.elements[i + 4].text))
+      out.user_last_served[ticket->user] = *served;
+    out.tickets.push_back(std::move(*ticket));
+  }
+  return out;
+}
+
+QueueSnapshot RedisPool::plan(const Snapshot& snap, const Ticket* newcomer) {
+  QueueSnapshot q;
+  q.tickets = snap.tickets;
+  q.warnings = snap.warnings;
+  if (newcomer) {
+    q.tickets.push_back(*newcomer);
+    q.tickets.back().seq = (snap.tickets.empty() ? 0 : snap.tickets.back().seq) + 1;
+    q.tickets.back().uid = plan_uid(newcomer->user);
+  }
+  std::map<std::string, const Gpu*> by_uuid;
+  for (const Gpu& gpu : snap.gpus) {
+    by_uuid[gpu.device.uuid] = &gpu;
+    PlannedGpu planned{gpu.device.uuid, !gpu.lock.empty(), std::nullopt};
+    LockProbe probe;
+    if (gpu.lock == "!garbage") {
+      probe.error = fmt::format("its lock key in Redis holds something that is not a lease");
+    } else if (!gpu.lock.empty()) {
+      probe.locked = true;
+      if (const auto it = snap.leases.find(gpu.lock);
+          it != snap.leases.end() && it->second.record) {
+        probe.record = it->second.record;
+        planned.holder_uid = plan_uid(probe.record->user);
+      }
+    }
+    q.gpus.push_back(std::move(planned));
+    q.probes.push_back(std::move(probe));
+    q.gpu_names.push_back(gpu.local ? gpu.device.display_index()
+                                    : gpu.host + "/" + gpu.device.display_index());
+  }
+  std::vector<PlanRequest> requests;
+  for (std::size_t i = 0; i < q.tickets.size(); ++i) {
+    const Ticket& t = q.tickets[i];
+    PlanRequest r;
+    r.seq = t.seq;
+    r.uid = t.uid;
+    r.priority = t.priority;
+    r.needed = t.needed;
+    r.named_gpus = t.named_gpus;
+    r.entered_over_limit = t.entered_over_limit;
+    r.candidates = t.candidates;
+    r.limits = config_.limits_for(t.user);
+    if (newcomer && i + 1 == q.tickets.size()) r.limits.max_waiting.reset();
+    if (const auto it = snap.user_last_served.find(t.user); it != snap.user_last_served.end())
+      r.user_last_served = it->second;
+    const LeaseRequest filters = health_filters_of(t);
+    auto& reasons = q.unhealthy_reasons.emplace_back();
+    for (const auto& uuid : t.candidates) {
+      const auto it = by_uuid.find(uuid);
+      if (it == by_uuid.end()) continue;
+      std::string reason = unready_reason(it->second->device, filters);
+      if (reason.empty()) continue;
+      r.unhealthy.push_back(uuid);
+      reasons.emplace(uuid, std::move(reason));
+    }
+    requests.push_back(std::move(r));
+  }
+  q.plan =
+      plan_queue(config_.policy, q.gpus, requests, [&](const std::string& a, const std::string& b) {
+        const auto ia = by_uuid.find(a), ib = by_uuid.find(b);
+        if (ia == by_uuid.end() || ib == by_uuid.end()) return 1000;
+        if (ia->second->host != ib->second->host) return 1000;
+        return ia->second->local ? source_->distance(a, b) : 1;
+      });
+  return q;
+}
+
+}  // namespace gpulock

@@ -1,0 +1,94 @@
+// RedisPool: the Redis backend behind GpuPool: one pool of GPUs across hosts and containers.
+//
+// Each process registers its host's GPUs, reads the pool in one script call (snapshot), plans
+// the queue with the same planner as the local backend, and takes or releases GPUs with atomic
+// scripts (redis_scripts.h). Leases expire unless their holder renews them
+// (redis_lease_keeper.h). Waiters are tickets in Redis, renewed by heartbeats, woken by pub/sub.
+// See docs/design-redis.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpu_pool_impl.h"
+#include "gpulock/gpu_pool.hpp"
+#include "local/holder_record.h"
+#include "queue/ticket.h"
+#include "redis/redis_connection_cache.h"
+#include "redis/redis_settings.h"
+
+namespace gpulock {
+
+class RedisPool {
+ public:
+  RedisPool(std::unique_ptr<DeviceSource> source, Config config, const PoolOptions& options,
+            RedisSettings settings);
+
+  Lease acquire(const LeaseRequest& request, const WaitHooks& hooks);
+  PoolStatus status(bool whole_pool);
+  QueueStatus queue();
+  void release(const std::string& lease_id);
+  std::vector<DoctorCheck> doctor();
+  const RedisSettings& settings() const { return settings_; }
+  const Config& config() const { return config_; }
+  DeviceSource& device_source() { return *source_; }
+
+  // The pool as one snapshot script call read it.
+  struct Gpu {
+    Device device;
+    std::string host;
+    bool local = false;  // a GPU of this host (its device data is live)
+    std::string lock;    // the lease id holding it, "" when free, "!garbage" when unusable
+    long long lock_ttl_ms = -2;
+  };
+  struct LeaseEntry {
+    std::optional<HolderRecord> record;  // unset when missing or malformed
+    std::uint64_t token = 0;
+    long long ttl_ms = -2;
+  };
+  struct HostEntry {
+    std::string name;
+    long long registered_at_ms = 0;
+  };
+  struct Snapshot {
+    std::string version;
+    long long now_ms = 0;
+    std::vector<HostEntry> hosts;
+    std::vector<Gpu> gpus;
+    std::map<std::string, LeaseEntry> leases;
+    std::vector<Ticket> tickets;     // in arrival order; uid replaced by a per-user number
+    std::vector<uid_t> ticket_uids;  // parallel: the uid the ticket's host gave
+    std::map<std::string, std::int64_t> user_last_served;
+    std::vector<std::string> warnings;
+  };
+
+ private:
+  // This host's devices, registered in Redis when they changed or the registration is old.
+  std::vector<Device> register_devices(RedisConnection& connection, bool force = false);
+  Snapshot snapshot(RedisConnection& connection, const std::string& host_filter,
+                    const std::vector<Device>& local_devices);
+  // The queue planned from a snapshot (the same planner and explanations as the local queue).
+  QueueSnapshot plan(const Snapshot& snapshot, const Ticket* newcomer);
+  // The number standing for a user in plans (users are the same person on every host by name).
+  uid_t plan_uid(const std::string& user);
+  GpuStatus describe(const Gpu& gpu, const Snapshot& snapshot) const;
+
+  std::unique_ptr<DeviceSource> source_;
+  Config config_;
+  PoolOptions options_;
+  RedisSettings settings_;
+  std::shared_ptr<RedisConnectionCache> connections_;
+
+  std::mutex mutex_;
+  std::string registered_signature_;
+  std::chrono::steady_clock::time_point registered_at_;
+  std::map<std::string, uid_t> plan_uids_;
+};
+
+}  // namespace gpulock

@@ -1,0 +1,254 @@
+// The Lua sources of the Redis backend's scripts (redis_scripts.h says what each does).
+#include "redis/redis_scripts.h"
+
+namespace gpulock::redis_scripts {
+namespace {
+
+// Shared by every script: the key prefix, the server's time, safe reads, and the version bump.
+#define GPULOCK_LUA_PRELUDE                                                    \
+  "local P = string.sub(KEYS[1], 1, -8)\n"                                     \
+  "local T = redis.call('TIME')\n"                                             \
+  "local now_ms = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)\n" \
+  "local now_us = tonumber(T[1]) * 1000000 + tonumber(T[2])\n"                 \
+  "local function get(k)\n"                                                    \
+  "  local v = redis.pcall('GET', k)\n"                                        \
+  "  if type(v) == 'table' then return '!garbage' end\n"                       \
+  "  return v or ''\n"                                                         \
+  "end\n"                                                                      \
+  "local function hmget(k, ...)\n"                                             \
+  "  local v = redis.pcall('HMGET', k, ...)\n"                                 \
+  "  if v.err then return {} end\n"                                            \
+  "  return v\n"                                                               \
+  "end\n"                                                                      \
+  "local function bump(event)\n"                                               \
+  "  if type(redis.pcall('INCR', P .. 'version')) == 'table' then\n"           \
+  "    redis.call('SET', P .. 'version', '1')\n"                               \
+  "  end\n"                                                                    \
+  "  redis.call('PUBLISH', P .. 'events', event)\n"                            \
+  "end\n"                                                                      \
+  "local function own_key(k, kind)\n"                                          \
+  "  local t = redis.call('TYPE', k).ok\n"                                     \
+  "  if t ~= kind and t ~= 'none' then redis.call('DEL', k) end\n"             \
+  "end\n"
+
+}  // namespace
+
+const RedisScript kRegister{"register", GPULOCK_LUA_PRELUDE R"lua(
+local host = ARGV[1]
+redis.call('ZADD', P .. 'hosts', now_ms, host)
+own_key(P .. 'host:' .. host, 'hash')
+redis.call('HSET', P .. 'host:' .. host, 'info', ARGV[2], 'registered_at', now_ms)
+local set = P .. 'gpus:' .. host
+own_key(set, 'set')
+local changed = false
+local listed = {}
+for i = 3, #ARGV, 3 do
+  local uuid = ARGV[i]
+  listed[uuid] = true
+  local key = P .. 'gpu:' .. uuid
+  own_key(key, 'hash')
+  local old = hmget(key, 'host', 'info')
+  if old[1] ~= host or old[2] ~= ARGV[i + 1] then changed = true end
+  redis.call('HSET', key, 'host', host, 'info', ARGV[i + 1], 'readings', ARGV[i + 2],
+             'read_at', now_ms)
+  if redis.call('SADD', set, uuid) == 1 then changed = true end
+end
+for _, uuid in ipairs(redis.call('SMEMBERS', set)) do
+  if not listed[uuid] then
+    redis.call('SREM', set, uuid)
+    if hmget(P .. 'gpu:' .. uuid, 'host')[1] == host then redis.call('DEL', P .. 'gpu:' .. uuid) end
+    changed = true
+  end
+end
+if changed then bump('register') end
+return changed and 1 or 0
+)lua"};
+
+const RedisScript kSnapshot{"snapshot", GPULOCK_LUA_PRELUDE R"lua(
+local hosts_out, gpus_out, leases_out, tickets_out = {}, {}, {}, {}
+local hosts = redis.pcall('ZRANGE', P .. 'hosts', 0, -1, 'WITHSCORES')
+if hosts.err then hosts = {} end
+local seen = {}
+for i = 1, #hosts, 2 do
+  local host = hosts[i]
+  if ARGV[1] == '' or ARGV[1] == host then
+    local info = hmget(P .. 'host:' .. host, 'info')
+    table.insert(hosts_out, host)
+    table.insert(hosts_out, hosts[i + 1])
+    table.insert(hosts_out, info[1] or '')
+    local uuids = redis.pcall('SMEMBERS', P .. 'gpus:' .. host)
+    if uuids.err then uuids = {} end
+    table.sort(uuids)
+    for _, uuid in ipairs(uuids) do
+      local g = hmget(P .. 'gpu:' .. uuid, 'host', 'info', 'readings', 'read_at')
+      if g[1] == host then
+        local lock_key = P .. 'lock:' .. uuid
+        local lock = get(lock_key)
+        for _, v in ipairs({uuid, host, g[2] or '', g[3] or '', g[4] or '', lock,
+                            redis.call('PTTL', lock_key)}) do
+          table.insert(gpus_out, v)
+        end
+        if lock ~= '' and lock ~= '!garbage' and not seen[lock] then
+          seen[lock] = true
+          local lease = hmget(P .. 'lease:' .. lock, 'record', 'token')
+          for _, v in ipairs({lock, lease[1] or '', lease[2] or '',
+                              redis.call('PTTL', P .. 'lease:' .. lock)}) do
+            table.insert(leases_out, v)
+          end
+        end
+      end
+    end
+  end
+end
+local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1, 'WITHSCORES')
+if members.err then members = {} end
+local removed = false
+for i = 1, #members, 2 do
+  local id = members[i]
+  if redis.call('EXISTS', P .. 'ticket:' .. id) == 0 then
+    redis.call('ZREM', P .. 'queue', id)
+    removed = true
+  else
+    local t = hmget(P .. 'ticket:' .. id, 'body', 'user')
+    local served = ''
+    if t[2] then served = get(P .. 'served:' .. t[2]) end
+    for _, v in ipairs({id, members[i + 1], t[1] or '', t[2] or '', served}) do
+      table.insert(tickets_out, v)
+    end
+  end
+end
+if removed then bump('leave') end
+return {get(P .. 'version'), now_ms, hosts_out, gpus_out, leases_out, tickets_out}
+)lua"};
+
+const RedisScript kAcquire{"acquire", GPULOCK_LUA_PRELUDE R"lua(
+local id, ttl, expected = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local needed, mode = tonumber(ARGV[4]), ARGV[5]
+if expected ~= '' then
+  if get(P .. 'version') ~= expected then return {'stale'} end
+else
+  local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1)
+  if members.err then members = {} end
+  for _, m in ipairs(members) do
+    if redis.call('EXISTS', P .. 'ticket:' .. m) == 1 then return {'queue'} end
+    redis.call('ZREM', P .. 'queue', m)
+  end
+end
+local chosen = {}
+for i = 10, #ARGV do
+  local uuid = ARGV[i]
+  if redis.call('EXISTS', P .. 'lock:' .. uuid) == 0 and
+     redis.call('EXISTS', P .. 'gpu:' .. uuid) == 1 then
+    table.insert(chosen, uuid)
+    if #chosen == needed then break end
+  elseif mode == 'all' then
+    return {'busy'}
+  end
+end
+if #chosen < needed then return {'busy'} end
+if redis.call('EXISTS', P .. 'lease:' .. id) == 1 then return {'busy'} end
+local token = now_us
+local last = tonumber(get(P .. 'token'))
+if last and last + 1 > token then token = last + 1 end
+local token_text = string.format('%.0f', token)
+redis.call('SET', P .. 'token', token_text)
+for _, uuid in ipairs(chosen) do redis.call('SET', P .. 'lock:' .. uuid, id, 'PX', ttl) end
+own_key(P .. 'lease:' .. id, 'hash')
+redis.call('HSET', P .. 'lease:' .. id, 'record', ARGV[6], 'token', token_text,
+           'gpus', table.concat(chosen, ','), 'user', ARGV[7], 'host', ARGV[8])
+redis.call('PEXPIRE', P .. 'lease:' .. id, ttl)
+if ARGV[9] ~= '' then
+  redis.call('ZREM', P .. 'queue', ARGV[9])
+  redis.call('DEL', P .. 'ticket:' .. ARGV[9])
+end
+own_key(P .. 'served:' .. ARGV[7], 'string')
+redis.call('SET', P .. 'served:' .. ARGV[7], now_ms, 'EX', 2592000)
+bump('acquire')
+local out = {'ok', token_text}
+for _, uuid in ipairs(chosen) do table.insert(out, uuid) end
+return out
+)lua"};
+
+const RedisScript kRelease{"release", GPULOCK_LUA_PRELUDE R"lua(
+local id = ARGV[1]
+local uuids = {}
+for i = 2, #ARGV do table.insert(uuids, ARGV[i]) end
+if #uuids == 0 then
+  local listed = hmget(P .. 'lease:' .. id, 'gpus')[1]
+  if listed then
+    for uuid in string.gmatch(listed, '[^,]+') do table.insert(uuids, uuid) end
+  end
+end
+local released = 0
+for _, uuid in ipairs(uuids) do
+  if get(P .. 'lock:' .. uuid) == id then
+    redis.call('DEL', P .. 'lock:' .. uuid)
+    released = released + 1
+  end
+end
+local existed = redis.call('DEL', P .. 'lease:' .. id)
+-- Tells the holder's next renewal that the lease ended (so it does not re-create it).
+redis.call('SET', P .. 'ended:' .. id, '1', 'EX', 86400)
+if released > 0 or existed > 0 then bump('release') end
+return released
+)lua"};
+
+const RedisScript kRenew{"renew", GPULOCK_LUA_PRELUDE R"lua(
+local id, ttl = ARGV[1], tonumber(ARGV[2])
+if redis.call('EXISTS', P .. 'ended:' .. id) == 1 then return {'lost', '', 'released'} end
+for i = 7, #ARGV do
+  local holder = get(P .. 'lock:' .. ARGV[i])
+  if holder ~= '' and holder ~= id then return {'lost', ARGV[i], holder} end
+end
+local restored = false
+local uuids = {}
+for i = 7, #ARGV do
+  local key = P .. 'lock:' .. ARGV[i]
+  table.insert(uuids, ARGV[i])
+  if redis.call('PEXPIRE', key, ttl) == 0 then
+    redis.call('SET', key, id, 'PX', ttl)
+    restored = true
+  end
+end
+local lease = P .. 'lease:' .. id
+if redis.call('TYPE', lease).ok ~= 'hash' then
+  redis.call('DEL', lease)
+  restored = true
+end
+redis.call('HSET', lease, 'record', ARGV[4], 'token', ARGV[3], 'gpus', table.concat(uuids, ','),
+           'user', ARGV[5], 'host', ARGV[6])
+redis.call('PEXPIRE', lease, ttl)
+local last = tonumber(get(P .. 'token'))
+if not last or last < tonumber(ARGV[3]) then redis.call('SET', P .. 'token', ARGV[3]) end
+if restored then
+  bump('renew')
+  return {'restored'}
+end
+return {'ok'}
+)lua"};
+
+const RedisScript kEnter{"enter", GPULOCK_LUA_PRELUDE R"lua(
+local seq = redis.pcall('INCR', P .. 'queue_seq')
+if type(seq) == 'table' then
+  redis.call('SET', P .. 'queue_seq', '1')
+  seq = 1
+end
+own_key(P .. 'queue', 'zset')
+redis.call('ZADD', P .. 'queue', seq, ARGV[1])
+own_key(P .. 'ticket:' .. ARGV[1], 'hash')
+redis.call('HSET', P .. 'ticket:' .. ARGV[1], 'body', ARGV[3], 'user', ARGV[4])
+redis.call('PEXPIRE', P .. 'ticket:' .. ARGV[1], tonumber(ARGV[2]))
+bump('enter')
+return seq
+)lua"};
+
+const RedisScript kLeave{"leave", GPULOCK_LUA_PRELUDE R"lua(
+redis.pcall('ZREM', P .. 'queue', ARGV[1])
+redis.call('DEL', P .. 'ticket:' .. ARGV[1])
+bump('leave')
+return 0
+)lua"};
+
+#undef GPULOCK_LUA_PRELUDE
+
+}  // namespace gpulock::redis_scripts

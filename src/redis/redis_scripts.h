@@ -1,0 +1,54 @@
+// The Redis backend's server-side Lua scripts: every change to a pool's keys is one of these,
+// so that it is atomic (see docs/design-redis.md for the keys and what each script promises).
+//
+// Every script takes KEYS[1] = the pool's version key ("gpulock:{POOL}:version") and derives
+// the other keys from its prefix; with the {POOL} hash tag all of a pool's keys share one slot.
+// Times come from the server's TIME, never from the client, so clocks of hosts do not matter.
+// Keys holding something unexpected are read with redis.pcall and treated as unusable (a GPU
+// whose lock key is garbage is never free), never trusted and never a script error.
+#pragma once
+
+#include "redis/redis_connection.h"
+
+namespace gpulock::redis_scripts {
+
+// ARGV: host, host info (JSON), then per GPU: UUID, static info (JSON), readings (JSON).
+// Replaces the host's GPU list; bumps the version and publishes "register" when the static
+// information changed. Returns 1 if it changed, else 0.
+extern const RedisScript kRegister;
+
+// ARGV: host ("" = every host). Returns {version, server time ms, hosts, gpus, leases, tickets}:
+//   hosts:   flat {name, registered_at ms, info}...
+//   gpus:    flat {uuid, host, info, readings, readings_at ms, lock value, lock pttl}...
+//   leases:  flat {id, record, token, pttl}... for every lease holding a listed GPU
+//   tickets: flat {id, seq, body, user, user last served ms}... in arrival order
+// Drops queue entries whose ticket expired (dead waiters), bumping the version.
+extern const RedisScript kSnapshot;
+
+// ARGV: lease id, ttl ms, expected version ("" = only if nobody waits), needed, "all"|"any",
+// record (JSON), user, host, ticket id (""), candidate UUIDs in preference order...
+// Takes `needed` free candidates (all of them with "all"), or none. Returns
+// {"ok", token, UUIDs...}, {"busy"}, {"queue"} (someone waits: plan first) or {"stale"}
+// (the version moved since the caller's snapshot: plan again).
+extern const RedisScript kAcquire;
+
+// ARGV: lease id, then its UUIDs (none: those the lease's record lists). Deletes each lock that
+// names this lease (compare-and-delete) and the lease, and leaves a day-long "ended" mark so
+// that the holder's next renewal reports the lease lost instead of re-creating it. Returns how
+// many locks it deleted.
+extern const RedisScript kRelease;
+
+// ARGV: lease id, ttl ms, token, record, user, host, UUIDs... Extends every lock that names this
+// lease; re-creates missing ones (the server restarted empty) when no other lease holds them.
+// Returns {"ok"}, {"restored"} or {"lost", UUID, holder} ({"lost", "", "released"} after a
+// release by someone else). Raises the token counter to at least
+// this lease's token.
+extern const RedisScript kRenew;
+
+// ARGV: ticket id, ttl ms, body (JSON), user. Joins the queue at the back; returns the seq.
+extern const RedisScript kEnter;
+
+// ARGV: ticket id. Leaves the queue.
+extern const RedisScript kLeave;
+
+}  // namespace gpulock::redis_scripts
