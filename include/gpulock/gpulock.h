@@ -112,6 +112,9 @@ gpulock_status gpulock_request_set_timeout_ms(gpulock_request* request, int64_t 
 gpulock_status gpulock_request_set_low_priority(gpulock_request* request, int low);
 /* Shown by `gpulock status` and `gpulock queue`. */
 gpulock_status gpulock_request_set_label(gpulock_request* request, const char* label);
+/* Redis backend: the hosts whose GPUs may serve the request, comma-separated, or "any"; NULL
+ * or "" means this host only (the default). */
+gpulock_status gpulock_request_set_hosts(gpulock_request* request, const char* hosts);
 gpulock_status gpulock_request_set_command(gpulock_request* request, const char* command);
 /* Limit the candidates to a CUDA_VISIBLE_DEVICES value (NULL: no limit, the default; the C API
  * does not read the environment on its own). */
@@ -145,6 +148,13 @@ const char* gpulock_lease_gpu_uuid(const gpulock_lease* lease, size_t i);
 /* The value for CUDA_VISIBLE_DEVICES (indices, or UUIDs for MIG instances); use it with
  * CUDA_DEVICE_ORDER=PCI_BUS_ID. */
 const char* gpulock_lease_cuda_visible_devices(const gpulock_lease* lease);
+/* Redis backend (GPULOCK_BACKEND=redis://...): the lease's fencing token, strictly increasing
+ * per pool (0 with the local backend), and the host whose GPUs these are ("" locally). */
+uint64_t gpulock_lease_fencing_token(const gpulock_lease* lease);
+const char* gpulock_lease_host(const gpulock_lease* lease);
+/* Redis backend: 1 once the lease expired before it could be renewed, or was released by
+ * someone else (its GPUs may then be given to others); always 0 with the local backend. */
+int gpulock_lease_lost(const gpulock_lease* lease);
 /* 1 while the lease is held by this process, 0 after gpulock_lease_release(). */
 int gpulock_lease_active(const gpulock_lease* lease);
 /* Releases the GPUs now; the handle stays valid until freed. */

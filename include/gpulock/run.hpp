@@ -12,7 +12,8 @@ namespace gpulock {
 
 // The environment a leased command gets, as NAME=VALUE pairs: CUDA_VISIBLE_DEVICES,
 // CUDA_DEVICE_ORDER=PCI_BUS_ID, GPULOCK_LEASE_ID and GPULOCK_GPUS; on the Redis backend also
-// GPULOCK_FENCING_TOKEN and GPULOCK_HOST (the host whose GPUs these are).
+// GPULOCK_FENCING_TOKEN and GPULOCK_LEASE_HOST (the host whose GPUs these are; GPULOCK_HOST
+// is not set, since it names the host gpulock itself registers as).
 std::vector<std::pair<std::string, std::string>> lease_environment(const Lease& lease,
                                                                    VisibleFormat format);
 

@@ -19,7 +19,7 @@ from ._errors import CudaAlreadyInitializedWarning, InvalidRequest
 from ._pool import default_pool
 
 if TYPE_CHECKING:  # typing and logging are imported only when needed: `import gpulock` is fast
-    from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+    from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
     GpuSpec = Union[None, int, str, Iterable[Union[int, str]]]
     SizeSpec = Union[None, int, str]
@@ -74,6 +74,15 @@ def _command_line() -> str:
     return " ".join(_shell_word(str(a)) for a in [program] + sys.argv)[:1000]
 
 
+def _host_list(host: Union[None, str, Sequence[str]]) -> List[str]:
+    if host is None:
+        return []
+    names = host.split(",") if isinstance(host, str) else list(host)
+    if not names or not all(isinstance(n, str) and n.strip() for n in names):
+        raise InvalidRequest(f"host must be a host name, a list of them, or 'any', not {host!r}")
+    return [n.strip() for n in names]
+
+
 def cuda_initialized() -> bool:
     """True if CUDA is already initialised in this process (by any framework), so that
     CUDA_VISIBLE_DEVICES can no longer take effect in it."""
@@ -121,6 +130,25 @@ class Lease:
     def active(self) -> bool:
         """True until the lease is released."""
         return bool(self._native.active)
+
+    @property
+    def fencing_token(self) -> int:
+        """Redis backend: the lease's fencing token, strictly increasing per pool (0 with the
+        local backend). Storage a job writes to can refuse writes with an older token."""
+        return int(self._native.fencing_token)
+
+    @property
+    def host(self) -> str:
+        """Redis backend: the host whose GPUs these are ("" with the local backend). A lease on
+        another host is a reservation: start the work there."""
+        return str(self._native.host)
+
+    @property
+    def lost(self) -> bool:
+        """Redis backend: True once the lease expired before it could be renewed (Redis
+        unreachable or paused for a whole TTL) or was released by someone else. Its GPUs may
+        then be given to others. Always False with the local backend."""
+        return bool(self._native.lost)
 
     @property
     def environment(self) -> Dict[str, str]:
@@ -191,6 +219,7 @@ def lease(
     among: GpuSpec = None,
     lock_dir: Optional[str] = None,
     on_wait: Optional[Callable[[Dict[str, Any]], None]] = _log_progress,
+    host: Union[None, str, Sequence[str]] = None,
 ) -> Lease:
     """Leases GPUs for this process, waiting in the machine's fair queue until they are free.
 
@@ -208,6 +237,10 @@ def lease(
     is already initialised here. If CUDA_VISIBLE_DEVICES is set already, only those GPUs are
     candidates unless ``respect_visible_devices=False``. ``among`` (GPUs as for ``gpus``)
     limits the candidates for ``count`` GPUs instead.
+
+    Redis backend (GPULOCK_BACKEND=redis://...): ``host`` names the hosts whose GPUs may serve
+    the request (a name, a list, or ``"any"``; default this host). A lease on another host is a
+    reservation: ``Lease.host`` names it, and the work must be started there.
 
     ``on_wait`` is called with a dict (``waited``, ``position``, ``queue_length``,
     ``standing``, ``blocked_by``, ``blocking``) when a wait starts and whenever what blocks it
@@ -257,6 +290,7 @@ def lease(
         command=_command_line(),
         visible_devices=candidates,
         enclosing_lease=os.environ.get("GPULOCK_LEASE_ID"),
+        hosts=_host_list(host),
         on_progress=on_wait,
     )
     try:

@@ -17,7 +17,17 @@ if TYPE_CHECKING:
     from typing import Optional, Tuple
 
 # The variables that decide which GPUs, which lock directory and which config a pool uses.
-_POOL_VARIABLES = ("GPULOCK_DIR", "GPULOCK_FAKE_GPUS", "GPULOCK_NVML_LIBRARY", "GPULOCK_CONFIG")
+_POOL_VARIABLES = (
+    "GPULOCK_DIR",
+    "GPULOCK_FAKE_GPUS",
+    "GPULOCK_NVML_LIBRARY",
+    "GPULOCK_CONFIG",
+    "GPULOCK_BACKEND",
+    "GPULOCK_POOL",
+    "GPULOCK_HOST",
+    "GPULOCK_LEASE_TTL",
+    "GPULOCK_REDIS_PASSWORD",
+)
 
 _lock = threading.Lock()
 _cached: "Optional[Tuple[Tuple[Optional[str], ...], _native.Pool]]" = None

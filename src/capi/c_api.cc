@@ -34,6 +34,8 @@ struct gpulock_lease {
   std::string id;
   std::vector<gpulock::LeasedGpu> gpus;
   std::string cuda_visible_devices;
+  std::uint64_t fencing_token = 0;
+  std::string host;
 };
 
 namespace {
@@ -308,6 +310,14 @@ gpulock_status gpulock_request_set_label(gpulock_request* request, const char* l
   return guarded([&] { request->request.label = label == nullptr ? "" : label; });
 }
 
+gpulock_status gpulock_request_set_hosts(gpulock_request* request, const char* hosts) {
+  if (request == nullptr) return null_argument("gpulock_request_set_hosts", "request");
+  return guarded([&] {
+    request->request.hosts.clear();
+    if (hosts != nullptr && *hosts != '\0') request->request.hosts = gpulock::parse_gpu_list(hosts);
+  });
+}
+
 gpulock_status gpulock_request_set_command(gpulock_request* request, const char* command) {
   if (request == nullptr) return null_argument("gpulock_request_set_command", "request");
   return guarded([&] { request->request.command = command == nullptr ? "" : command; });
@@ -361,12 +371,26 @@ gpulock_status gpulock_acquire(gpulock_pool* pool, const gpulock_request* reques
     held->id = held->lease.id();
     held->gpus = held->lease.gpus();
     held->cuda_visible_devices = held->lease.cuda_visible_devices();
+    held->fencing_token = held->lease.fencing_token();
+    held->host = held->lease.host();
     *lease = held.release();
   });
 }
 
 const char* gpulock_lease_id(const gpulock_lease* lease) {
   return lease == nullptr ? nullptr : lease->id.c_str();
+}
+
+uint64_t gpulock_lease_fencing_token(const gpulock_lease* lease) {
+  return lease == nullptr ? 0 : lease->fencing_token;
+}
+
+const char* gpulock_lease_host(const gpulock_lease* lease) {
+  return lease == nullptr ? nullptr : lease->host.c_str();
+}
+
+int gpulock_lease_lost(const gpulock_lease* lease) {
+  return lease != nullptr && lease->lease.lost() ? 1 : 0;
 }
 
 size_t gpulock_lease_gpu_count(const gpulock_lease* lease) {

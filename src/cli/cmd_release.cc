@@ -31,6 +31,11 @@ void add_init_command(CLI::App& app, int* exit_status) {
       "Run as root at boot (see contrib/) so that no user owns, and can delete, lock files.");
   command->callback([exit_status] {
     GpuPool pool = GpuPool::open();
+    if (pool.backend_name() != "file") {
+      fmt::print("the {} backend keeps no lock files: nothing to prepare\n", pool.backend_name());
+      *exit_status = 0;
+      return;
+    }
     pool.prepare();
     fmt::print("{}: lock files ready for {} GPUs{}\n", pool.lock_dir().string(),
                pool.devices().size(), ::geteuid() == 0 ? ", root-owned" : "");

@@ -20,7 +20,8 @@ void add_run_command(CLI::App& app, int* exit_status) {
   command->add_option("command", *argv, "The command and its arguments (after --)")->required();
   command->footer(
       "The command gets CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER=PCI_BUS_ID, GPULOCK_LEASE_ID and\n"
-      "GPULOCK_GPUS (on Redis also GPULOCK_FENCING_TOKEN and GPULOCK_HOST). With lock files the\n"
+      "GPULOCK_GPUS (on Redis also GPULOCK_FENCING_TOKEN and GPULOCK_LEASE_HOST). With lock files "
+      "the\n"
       "lease lasts while any process of the command holds it, even if gpulock itself is killed;\n"
       "on Redis gpulock renews it while the command runs. gpulock exits with the command's\n"
       "status (128+N if signal N killed it).");

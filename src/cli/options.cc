@@ -62,9 +62,10 @@ void RequestOptions::add_to(CLI::App& command) {
       ->capture_default_str();
   command.add_flag("-v,--verbose", verbose, "Say which GPUs were leased");
   add_backend_option(command, backend);
-  command.add_option("--host", hosts,
-                     "Redis backend: the hosts whose GPUs may serve it (names, or any); default "
-                     "this host. Another host's GPUs are a reservation (GPULOCK_HOST names it)");
+  command.add_option(
+      "--host", hosts,
+      "Redis backend: the hosts whose GPUs may serve it (names, or any); default "
+      "this host. Another host's GPUs are a reservation (GPULOCK_LEASE_HOST names it)");
 }
 
 void add_backend_option(CLI::App& command, std::string& backend) {

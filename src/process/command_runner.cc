@@ -54,7 +54,7 @@ std::vector<std::pair<std::string, std::string>> lease_environment(const Lease& 
       {"GPULOCK_GPUS", lease.uuid_list()}};
   if (lease.fencing_token() != 0) {
     env.emplace_back("GPULOCK_FENCING_TOKEN", std::to_string(lease.fencing_token()));
-    env.emplace_back("GPULOCK_HOST", lease.host());
+    env.emplace_back("GPULOCK_LEASE_HOST", lease.host());
   }
   return env;
 }

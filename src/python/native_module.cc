@@ -190,7 +190,8 @@ LeaseRequest make_request(unsigned count, std::vector<std::string> gpus,
                           bool allow_foreign, std::optional<double> timeout, bool wait,
                           std::string priority, std::string label, std::string command,
                           std::optional<std::string> visible_devices,
-                          std::optional<std::string> enclosing_lease) {
+                          std::optional<std::string> enclosing_lease,
+                          std::vector<std::string> hosts) {
   // The bounds of count and the health filters are checked by GpuPool::acquire; only what
   // the conversion to C++ types needs is checked here.
   LeaseRequest request;
@@ -213,6 +214,7 @@ LeaseRequest make_request(unsigned count, std::vector<std::string> gpus,
   request.command = std::move(command);
   request.cuda_visible_devices = std::move(visible_devices);
   if (enclosing_lease && !enclosing_lease->empty()) request.enclosing_lease_id = enclosing_lease;
+  request.hosts = std::move(hosts);
   return request;
 }
 
@@ -243,6 +245,9 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("id", &Lease::id)
       .def_property_readonly("active", &Lease::active)
       .def_property_readonly("gpus", &gpus_of)
+      .def_property_readonly("fencing_token", &Lease::fencing_token)
+      .def_property_readonly("host", &Lease::host)
+      .def_property_readonly("lost", &Lease::lost)
       .def_property_readonly(
           "started_at",
           [](const Lease& lease) {
@@ -274,6 +279,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("lock_dir",
                              [](const GpuPool& pool) { return pool.lock_dir().string(); })
       .def_property_readonly("warnings", &GpuPool::warnings)
+      .def_property_readonly("backend", &GpuPool::backend_name)
       .def(
           "acquire",
           [](GpuPool& pool, unsigned count, std::vector<std::string> gpus,
@@ -281,12 +287,12 @@ PYBIND11_MODULE(_native, m) {
              std::optional<double> max_power, bool allow_foreign, std::optional<double> timeout,
              bool wait, std::string priority, std::string label, std::string command,
              std::optional<std::string> visible_devices, std::optional<std::string> enclosing_lease,
-             py::object on_progress) {
+             std::vector<std::string> hosts, py::object on_progress) {
             LeaseRequest request = translated([&] {
               return make_request(count, std::move(gpus), min_free_memory, max_utilization,
                                   max_power, allow_foreign, timeout, wait, std::move(priority),
                                   std::move(label), std::move(command), std::move(visible_devices),
-                                  std::move(enclosing_lease));
+                                  std::move(enclosing_lease), std::move(hosts));
             });
             return acquire(pool, std::move(request), on_progress);
           },
@@ -295,7 +301,8 @@ PYBIND11_MODULE(_native, m) {
           py::arg("max_power") = py::none(), py::arg("allow_foreign") = false,
           py::arg("timeout") = py::none(), py::arg("wait") = true, py::arg("priority") = "normal",
           py::arg("label") = "", py::arg("command") = "", py::arg("visible_devices") = py::none(),
-          py::arg("enclosing_lease") = py::none(), py::arg("on_progress") = py::none())
+          py::arg("enclosing_lease") = py::none(), py::arg("hosts") = std::vector<std::string>{},
+          py::arg("on_progress") = py::none())
       .def("status_json",
            [](GpuPool& pool) { return translated([&] { return status_to_json(pool.status()); }); })
       .def("queue_json",

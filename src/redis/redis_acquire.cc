@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -107,283 +109,333 @@ Lease RedisPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
   // The ticket while this request waits in the queue; it leaves the queue however we return.
   struct TicketGuard {
     RedisPool& pool;
-    RedisConnection& connection;
+    RedisConnectionLoan& connection;
     std::string id;
     ~TicketGuard() {
       if (id.empty()) return;
       try {
-        connection.run(redis_scripts::kLeave, {pool.settings().version_key()}, {id});
+        connection.reconnect();
+        connection->run(redis_scripts::kLeave, {pool.settings().version_key()}, {id});
       } catch (const Error&) {
         // The server is gone: the ticket expires by itself within its TTL.
       }
     }
-  } ticket{*this, *connection, ""};
+  } ticket{*this, connection, ""};
   Clock::time_point next_heartbeat;
   std::string chosen_host;  // a multi-GPU request waits for the GPUs of one host
   std::string last_progress;
   bool first_round = true;
+  bool reregistered = false;
+  bool warned_unreachable = false;
+  bool has_waited = false;  // registered in the queue at least once
 
   while (true) {
-    if (!first_round) local_devices = source_->devices();  // fresh readings for health filters
-    first_round = false;
-    const Snapshot snap = snapshot(*connection, one_host ? hosts[0] : "", local_devices);
-
-    // 1. Which GPUs could serve it at all.
-    std::vector<std::string> known_hosts;
-    for (const auto& h : snap.hosts) known_hosts.push_back(h.name);
-    for (const auto& host : hosts)
-      if (std::find(known_hosts.begin(), known_hosts.end(), host) == known_hosts.end())
-        throw Error(
-            ErrorCode::kUnsatisfiable,
-            fmt::format("no host '{}' in pool '{}' (hosts: {})", sanitize_for_display(host, 64),
-                        settings_.pool, join_names(known_hosts)));
-    std::vector<const Gpu*> scope;
-    for (const Gpu& g : snap.gpus)
-      if (any_host || std::find(hosts.begin(), hosts.end(), g.host) != hosts.end())
-        scope.push_back(&g);
-    std::vector<const Gpu*> pool;
-    if (!request.gpus.empty()) {
-      std::vector<Device> devices;
-      for (const Gpu* g : scope) devices.push_back(g->device);
-      for (const Device* d : resolve_explicit(devices, request.gpus, where))
-        pool.push_back(scope[static_cast<std::size_t>(d - devices.data())]);
-    } else {
-      pool = scope;
-    }
-    std::vector<const Gpu*> candidates;
-    std::vector<std::string> never_reasons;
-    for (const Gpu* g : pool) {
-      std::string never = never_reason(g->device, request, config_);
-      if (never.empty() && g->local && request.cuda_visible_devices &&
-          !visible_under(g->device, *request.cuda_visible_devices)) {
-        never = fmt::format("{} is outside CUDA_VISIBLE_DEVICES={}", describe_device(g->device),
-                            sanitize_for_display(*request.cuda_visible_devices, 128));
+    try {
+      if (!first_round) local_devices = source_->devices();  // fresh readings for health filters
+      first_round = false;
+      if (warned_unreachable) {
+        // Back after an outage: the server may have restarted empty.
+        connection.reconnect();
+        local_devices = register_devices(*connection, /*force=*/true);
+        std::fprintf(stderr, "gpulock: Redis at %s answers again\n",
+                     settings_.endpoint.display().c_str());
+        warned_unreachable = false;
       }
-      if (never.empty() && g->lock == "!garbage")
-        never = fmt::format(
-            "{} of host {}: its lock key in Redis holds something that is not a "
-            "lease (see `gpulock doctor`)",
-            describe_device(g->device), g->host);
-      if (!never.empty()) {
-        if (!request.gpus.empty()) throw Error(ErrorCode::kUnsatisfiable, never);
-        never_reasons.push_back(never);
+      // The whole pool: limits and fair share count every host's leases.
+      const Snapshot snap = snapshot(*connection, "", local_devices);
+
+      // 1. Which GPUs could serve it at all.
+      std::vector<std::string> known_hosts;
+      for (const auto& h : snap.hosts) known_hosts.push_back(h.name);
+      if (!reregistered && std::find(hosts.begin(), hosts.end(), settings_.host) != hosts.end() &&
+          std::find(known_hosts.begin(), known_hosts.end(), settings_.host) == known_hosts.end()) {
+        // Our own registration is gone (the server restarted empty): register again.
+        reregistered = true;
+        local_devices = register_devices(*connection, /*force=*/true);
         continue;
       }
-      candidates.push_back(g);
-    }
-    // A multi-GPU request is served from one host: the one with the most GPUs free for it now
-    // (this host on a tie), chosen once.
-    if (needed > 1 && request.gpus.empty() && !one_host) {
-      if (chosen_host.empty()) {
-        std::map<std::string, std::pair<std::size_t, std::size_t>> per_host;  // free, all
-        for (const Gpu* g : candidates) {
-          auto& [free, all] = per_host[g->host];
-          ++all;
-          if (g->lock.empty() && unready_reason(g->device, request).empty()) ++free;
+      for (const auto& host : hosts)
+        if (std::find(known_hosts.begin(), known_hosts.end(), host) == known_hosts.end())
+          throw Error(
+              ErrorCode::kUnsatisfiable,
+              fmt::format("no host '{}' in pool '{}' (hosts: {})", sanitize_for_display(host, 64),
+                          settings_.pool, join_names(known_hosts)));
+      std::vector<const Gpu*> scope;
+      for (const Gpu& g : snap.gpus)
+        if (any_host || std::find(hosts.begin(), hosts.end(), g.host) != hosts.end())
+          scope.push_back(&g);
+      std::vector<const Gpu*> pool;
+      if (!request.gpus.empty()) {
+        std::vector<Device> devices;
+        for (const Gpu* g : scope) devices.push_back(g->device);
+        for (const Device* d : resolve_explicit(devices, request.gpus, where))
+          pool.push_back(scope[static_cast<std::size_t>(d - devices.data())]);
+      } else {
+        pool = scope;
+      }
+      std::vector<const Gpu*> candidates;
+      std::vector<std::string> never_reasons;
+      for (const Gpu* g : pool) {
+        std::string never = never_reason(g->device, request, config_);
+        if (never.empty() && g->local && request.cuda_visible_devices &&
+            !visible_under(g->device, *request.cuda_visible_devices)) {
+          never = fmt::format("{} is outside CUDA_VISIBLE_DEVICES={}", describe_device(g->device),
+                              sanitize_for_display(*request.cuda_visible_devices, 128));
         }
-        std::pair<std::size_t, int> best{0, -1};
-        for (const auto& [host, counts] : per_host) {
-          if (counts.second < needed) continue;
-          const std::pair<std::size_t, int> score{counts.first, host == settings_.host ? 1 : 0};
-          if (chosen_host.empty() || score > best) {
-            best = score;
-            chosen_host = host;
+        if (never.empty() && g->lock == "!garbage")
+          never = fmt::format(
+              "{} of host {}: its lock key in Redis holds something that is not a "
+              "lease (see `gpulock doctor`)",
+              describe_device(g->device), g->host);
+        if (!never.empty()) {
+          if (!request.gpus.empty()) throw Error(ErrorCode::kUnsatisfiable, never);
+          never_reasons.push_back(never);
+          continue;
+        }
+        candidates.push_back(g);
+      }
+      // A multi-GPU request is served from one host: the one with the most GPUs free for it now
+      // (this host on a tie), chosen once.
+      if (needed > 1 && request.gpus.empty() && !one_host) {
+        if (chosen_host.empty()) {
+          std::map<std::string, std::pair<std::size_t, std::size_t>> per_host;  // free, all
+          for (const Gpu* g : candidates) {
+            auto& [free, all] = per_host[g->host];
+            ++all;
+            if (g->lock.empty() && unready_reason(g->device, request).empty()) ++free;
+          }
+          std::pair<std::size_t, int> best{0, -1};
+          for (const auto& [host, counts] : per_host) {
+            if (counts.second < needed) continue;
+            const std::pair<std::size_t, int> score{counts.first, host == settings_.host ? 1 : 0};
+            if (chosen_host.empty() || score > best) {
+              best = score;
+              chosen_host = host;
+            }
           }
         }
+        std::erase_if(candidates, [&](const Gpu* g) { return g->host != chosen_host; });
       }
-      std::erase_if(candidates, [&](const Gpu* g) { return g->host != chosen_host; });
-    }
-    if (candidates.size() < needed) {
-      throw unsatisfiable(
-          fmt::format("{} GPU{} requested but {} {} {} that can serve it{}", needed,
-                      needed == 1 ? "" : "s", where, one_host ? "has" : "have", candidates.size(),
-                      needed > 1 && !one_host ? " on one host" : ""),
-          never_reasons);
-    }
-    wanted.candidates.clear();
-    for (const Gpu* g : candidates) wanted.candidates.push_back(g->device.uuid);
-
-    // 2. Plan the pool's queue; take our GPUs if it says so.
-    QueueSnapshot q = plan(snap, ticket.id.empty() ? &wanted : nullptr);
-    std::size_t me = 0;
-    while (me < q.tickets.size() && q.tickets[me].id != wanted.id) ++me;
-    if (me == q.tickets.size()) {
-      // Our ticket expired (this process was stopped longer than its TTL): register again.
-      ticket.id.clear();
-      continue;
-    }
-    const Placement& mine = q.plan.of(me);
-    if (mine.standing == QueueStanding::kNext) {
-      std::string gpu_host;
-      std::vector<const Gpu*> chosen;
-      for (const auto& uuid : mine.gpus)
-        for (const Gpu* g : candidates)
-          if (g->device.uuid == uuid) chosen.push_back(g);
-      if (!chosen.empty()) gpu_host = chosen.front()->host;
-      const std::string lease_id = make_lease_id();
-      HolderRecord record;
-      record.lease_id = lease_id;
-      record.uid = ::geteuid();
-      record.user = user;
-      record.host = settings_.host;
-      record.boot_id = boot_id();
-      record.kind = HolderKind::kProcess;
-      record.holder = self_process_id();
-      record.command = request.command;
-      record.label = request.label;
-      const auto started_at = std::chrono::system_clock::now();
-      record.started_at = unix_seconds(started_at);
-      for (const Gpu* g : chosen) record.gpus.push_back(g->device.uuid);
-      std::string record_json = serialize_holder_record(record);
-      record_json.erase(record_json.find_last_not_of(' ') + 1);
-
-      std::vector<std::string> args{lease_id,     std::to_string(settings_.lease_ttl.count()),
-                                    snap.version, std::to_string(chosen.size()),
-                                    "all",        record_json,
-                                    user,         gpu_host,
-                                    ticket.id};
-      for (const Gpu* g : chosen) args.push_back(g->device.uuid);
-      const auto sent = Clock::now();
-      const RedisValue reply =
-          connection->run(redis_scripts::kAcquire, {settings_.version_key()}, args);
-      if (!reply.elements.empty() && reply.elements[0].text == "ok" &&
-          reply.elements.size() == 2 + chosen.size()) {
-        ticket.id.clear();  // the script removed it
-        auto impl = std::make_unique<Lease::Impl>();
-        impl->id = lease_id;
-        for (const Gpu* g : chosen)
-          impl->gpus.push_back(LeasedGpu{g->device.index, g->device.display_index(), g->device.uuid,
-                                         g->device.name, g->device.is_mig_instance()});
-        impl->started_at = started_at;
-        impl->record = record;
-        impl->fencing_token = std::stoull(reply.elements[1].text);
-        impl->host = gpu_host;
-        RedisLeaseTerms terms{settings_.version_key(),
-                              settings_.lease_ttl,
-                              lease_id,
-                              impl->fencing_token,
-                              record.gpus,
-                              user,
-                              gpu_host};
-        impl->keeper =
-            std::make_unique<RedisLeaseKeeper>(std::move(terms), record_json, connections_, sent);
-        return Lease(std::move(impl));
+      if (candidates.size() < needed) {
+        throw unsatisfiable(
+            fmt::format("{} GPU{} requested but {} {} {} that can serve it{}", needed,
+                        needed == 1 ? "" : "s", where, one_host ? "has" : "have", candidates.size(),
+                        needed > 1 && !one_host ? " on one host" : ""),
+            never_reasons);
       }
-      continue;  // the pool changed since the snapshot: plan again
-    }
+      wanted.candidates.clear();
+      for (const Gpu* g : candidates) wanted.candidates.push_back(g->device.uuid);
 
-    if (!ticket.id.empty() && mine.may_enter) {
-      // Room in the queue now: join it at the back.
-      connection->run(redis_scripts::kLeave, {settings_.version_key()}, {ticket.id});
+      // 2. Plan the pool's queue; take our GPUs if it says so.
+      QueueSnapshot q = plan(snap, ticket.id.empty() ? &wanted : nullptr);
+      std::size_t me = 0;
+      while (me < q.tickets.size() && q.tickets[me].id != wanted.id) ++me;
+      if (me == q.tickets.size()) {
+        // Our ticket expired (this process was stopped longer than its TTL): register again.
+        ticket.id.clear();
+        continue;
+      }
+      const Placement& mine = q.plan.of(me);
+      if (mine.standing == QueueStanding::kNext) {
+        std::string gpu_host;
+        std::vector<const Gpu*> chosen;
+        for (const auto& uuid : mine.gpus)
+          for (const Gpu* g : candidates)
+            if (g->device.uuid == uuid) chosen.push_back(g);
+        if (!chosen.empty()) gpu_host = chosen.front()->host;
+        const std::string lease_id = make_lease_id();
+        HolderRecord record;
+        record.lease_id = lease_id;
+        record.uid = ::geteuid();
+        record.user = user;
+        record.host = settings_.host;
+        record.boot_id = boot_id();
+        record.kind = HolderKind::kProcess;
+        record.holder = self_process_id();
+        record.command = request.command;
+        record.label = request.label;
+        const auto started_at = std::chrono::system_clock::now();
+        record.started_at = unix_seconds(started_at);
+        for (const Gpu* g : chosen) record.gpus.push_back(g->device.uuid);
+        std::string record_json = serialize_holder_record(record);
+        record_json.erase(record_json.find_last_not_of(' ') + 1);
+
+        std::vector<std::string> args{lease_id,     std::to_string(settings_.lease_ttl.count()),
+                                      snap.version, std::to_string(chosen.size()),
+                                      "all",        record_json,
+                                      user,         gpu_host,
+                                      ticket.id};
+        for (const Gpu* g : chosen) args.push_back(g->device.uuid);
+        const auto sent = Clock::now();
+        const RedisValue reply =
+            connection->run(redis_scripts::kAcquire, {settings_.version_key()}, args);
+        if (!reply.elements.empty() && reply.elements[0].text == "ok" &&
+            reply.elements.size() == 2 + chosen.size()) {
+          ticket.id.clear();  // the script removed it
+          auto impl = std::make_unique<Lease::Impl>();
+          impl->id = lease_id;
+          for (const Gpu* g : chosen)
+            impl->gpus.push_back(LeasedGpu{g->device.index, g->device.display_index(),
+                                           g->device.uuid, g->device.name,
+                                           g->device.is_mig_instance()});
+          impl->started_at = started_at;
+          impl->record = record;
+          impl->fencing_token = std::stoull(reply.elements[1].text);
+          impl->host = gpu_host;
+          RedisLeaseTerms terms{settings_.version_key(),
+                                settings_.lease_ttl,
+                                lease_id,
+                                impl->fencing_token,
+                                record.gpus,
+                                user,
+                                gpu_host};
+          impl->keeper =
+              std::make_unique<RedisLeaseKeeper>(std::move(terms), record_json, connections_, sent);
+          return Lease(std::move(impl));
+        }
+        continue;  // the pool changed since the snapshot: plan again
+      }
+
+      if (!ticket.id.empty() && mine.may_enter) {
+        // Room in the queue now: join it at the back.
+        connection->run(redis_scripts::kLeave, {settings_.version_key()}, {ticket.id});
+        ticket.id.clear();
+        wanted.entered_over_limit = false;
+        wanted.id = make_lease_id();
+        continue;
+      }
+
+      if (request.wait && ticket.id.empty()) {
+        std::size_t waiting_now = 0;
+        for (const Ticket& t : snap.tickets)
+          if (t.user == user && !t.entered_over_limit) ++waiting_now;
+        const bool over_limit = limits.max_waiting && waiting_now >= *limits.max_waiting;
+        if (over_limit && *limits.max_waiting == 0u)
+          throw Error(ErrorCode::kUnsatisfiable,
+                      fmt::format("the GPUs are not free now, and {} may not wait in the queue "
+                                  "(max_waiting = 0 in {})",
+                                  user, config_name));
+        wanted.entered_over_limit = over_limit;
+        // Subscribe before registering and planning again, so that no release is missed.
+        if (!subscriber) {
+          subscriber = RedisConnection::connect(settings_.endpoint, milliseconds(5000));
+          subscriber->subscribe(settings_.prefix() + "events");
+        }
+        connection->run(
+            redis_scripts::kEnter, {settings_.version_key()},
+            {wanted.id, std::to_string(kTicketTtl.count()), serialize_ticket(wanted), user});
+        ticket.id = wanted.id;
+        has_waited = true;
+        next_heartbeat = Clock::now() + kHeartbeat;
+        continue;
+      }
+
+      // 3. Not served now: explain why, then sleep until something changes.
+      const std::vector<BlockingGpu> blocking = q.blocking(me);
+      if (request.enclosing_lease_id) {
+        std::vector<std::string> own;
+        for (const Gpu* g : candidates) {
+          const int i = q.gpu_index(g->device.uuid);
+          if (i >= 0 && q.probes[i].record &&
+              q.probes[i].record->lease_id == *request.enclosing_lease_id)
+            own.push_back(q.gpu_names[i]);
+        }
+        if (candidates.size() - own.size() < needed)
+          throw Error(ErrorCode::kUnsatisfiable,
+                      fmt::format("{} GPU{} requested, but GPU {} {} held by the lease this "
+                                  "process runs under ({}, GPULOCK_LEASE_ID), which cannot end "
+                                  "while it waits; use those GPUs, or run outside that lease",
+                                  needed, needed == 1 ? "" : "s", fmt::join(own, ", "),
+                                  own.size() == 1 ? "is" : "are", *request.enclosing_lease_id));
+      }
+      const std::string blocked_by = q.blocked_by(me, config_);
+      const int position = static_cast<int>(q.plan.position_of[me]) + 1;
+      if (!request.wait || Clock::now() >= deadline) {
+        std::string why = request.wait ? "no GPU became available within the timeout"
+                                       : "the requested GPUs are not free now";
+        if (mine.standing == QueueStanding::kOverGpuLimit ||
+            mine.standing == QueueStanding::kOverWaitingLimit)
+          why += ": " + blocked_by;
+        for (const auto& b : blocking) why += "\n  GPU " + b.display_index + ": " + b.reason;
+        if (request.wait)
+          why += fmt::format("\n  (position {} of {} in the queue)", position, q.tickets.size());
+        throw Error(ErrorCode::kTimedOut, why);
+      }
+      if (hooks.on_progress) {
+        const std::string signature = fmt::format("{}\n{}", position, blocked_by);
+        if (signature != last_progress || hooks.progress_refresh) {
+          last_progress = signature;
+          hooks.on_progress(WaitProgress{Clock::now() - start, blocking, position,
+                                         static_cast<int>(q.tickets.size()), mine.standing,
+                                         blocked_by});
+        }
+      }
+
+      // Releases, departures and arrivals are published; an expiring lock is not, so wake when
+      // the first lock on our candidates ends. Readings that decide health are re-read as often
+      // as the local backend does.
+      auto sleep = q.health_dependent() ? options_.health_recheck_interval
+                                        : options_.safety_recheck_interval;
+      for (const Gpu* g : candidates)
+        if (!g->lock.empty() && g->lock_ttl_ms >= 0)
+          sleep = std::min(sleep, milliseconds(g->lock_ttl_ms) + kExpiryMargin);
+      const auto wake_at = Clock::now() + sleep;
+      while (true) {
+        auto slice =
+            std::chrono::ceil<milliseconds>(std::min(wake_at, next_heartbeat) - Clock::now());
+        if (hooks.interrupted) slice = std::min(slice, hooks.interrupt_poll);
+        if (hooks.progress_refresh) slice = std::min(slice, *hooks.progress_refresh);
+        if (deadline != Clock::time_point::max())
+          slice = std::min(
+              slice, std::chrono::ceil<milliseconds>(deadline - Clock::now()) + milliseconds(1));
+        slice = std::max(slice, milliseconds(0));
+        bool woke = subscriber->next_message(slice).has_value();
+        if (woke) {
+          // Several changes at once need one new plan.
+          for (int i = 0; i < 1000 && subscriber->next_message(milliseconds(0)); ++i) {
+          }
+        }
+        if (hooks.interrupted && hooks.interrupted())
+          throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
+        const auto now = Clock::now();
+        if (now >= next_heartbeat) {
+          const RedisValue renewed =
+              connection->command({"PEXPIRE", settings_.prefix() + "ticket:" + ticket.id,
+                                   std::to_string(kTicketTtl.count())});
+          if (renewed.integer == 0) {
+            ticket.id.clear();  // it expired: register again
+            woke = true;
+          }
+          next_heartbeat = now + kHeartbeat;
+        }
+        if (woke || now >= wake_at || now >= deadline || hooks.progress_refresh) break;
+      }
+    } catch (const Error& error) {
+      // Redis went away while this request waits in the queue: keep waiting (its ticket expires
+      // meanwhile, so it joins again at the back), retrying every second until the deadline.
+      // Before the request has waited, an unreachable server is an error (exit 69).
+      if (error.code() != ErrorCode::kEnvironment || !has_waited) throw;
+      if (Clock::now() >= deadline) throw;
+      if (!warned_unreachable)
+        std::fprintf(stderr, "gpulock: warning: %s; still waiting, retrying every second\n",
+                     error.what());
+      warned_unreachable = true;
+      subscriber.reset();
       ticket.id.clear();
-      wanted.entered_over_limit = false;
-      wanted.id = make_lease_id();
-      continue;
-    }
-
-    if (request.wait && ticket.id.empty()) {
-      std::size_t waiting_now = 0;
-      for (const Ticket& t : snap.tickets)
-        if (t.user == user && !t.entered_over_limit) ++waiting_now;
-      const bool over_limit = limits.max_waiting && waiting_now >= *limits.max_waiting;
-      if (over_limit && *limits.max_waiting == 0u)
-        throw Error(ErrorCode::kUnsatisfiable,
-                    fmt::format("the GPUs are not free now, and {} may not wait in the queue "
-                                "(max_waiting = 0 in {})",
-                                user, config_name));
-      wanted.entered_over_limit = over_limit;
-      // Subscribe before registering and planning again, so that no release is missed.
-      if (!subscriber) {
-        subscriber = RedisConnection::connect(settings_.endpoint, milliseconds(5000));
+      const auto retry_at = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+      while (Clock::now() < retry_at) {
+        std::this_thread::sleep_for(
+            std::min<Clock::duration>(retry_at - Clock::now(), hooks.interrupt_poll));
+        if (hooks.interrupted && hooks.interrupted())
+          throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
+      }
+      try {
+        subscriber = RedisConnection::connect(settings_.endpoint, milliseconds(2000));
         subscriber->subscribe(settings_.prefix() + "events");
+      } catch (const Error&) {
+        // Still unreachable: the next round fails the same way and comes back here.
+        subscriber.reset();
       }
-      connection->run(
-          redis_scripts::kEnter, {settings_.version_key()},
-          {wanted.id, std::to_string(kTicketTtl.count()), serialize_ticket(wanted), user});
-      ticket.id = wanted.id;
-      next_heartbeat = Clock::now() + kHeartbeat;
-      continue;
-    }
-
-    // 3. Not served now: explain why, then sleep until something changes.
-    const std::vector<BlockingGpu> blocking = q.blocking(me);
-    if (request.enclosing_lease_id) {
-      std::vector<std::string> own;
-      for (const Gpu* g : candidates) {
-        const int i = q.gpu_index(g->device.uuid);
-        if (i >= 0 && q.probes[i].record &&
-            q.probes[i].record->lease_id == *request.enclosing_lease_id)
-          own.push_back(q.gpu_names[i]);
-      }
-      if (candidates.size() - own.size() < needed)
-        throw Error(ErrorCode::kUnsatisfiable,
-                    fmt::format("{} GPU{} requested, but GPU {} {} held by the lease this "
-                                "process runs under ({}, GPULOCK_LEASE_ID), which cannot end "
-                                "while it waits; use those GPUs, or run outside that lease",
-                                needed, needed == 1 ? "" : "s", fmt::join(own, ", "),
-                                own.size() == 1 ? "is" : "are", *request.enclosing_lease_id));
-    }
-    const std::string blocked_by = q.blocked_by(me, config_);
-    const int position = static_cast<int>(q.plan.position_of[me]) + 1;
-    if (!request.wait || Clock::now() >= deadline) {
-      std::string why = request.wait ? "no GPU became available within the timeout"
-                                     : "the requested GPUs are not free now";
-      if (mine.standing == QueueStanding::kOverGpuLimit ||
-          mine.standing == QueueStanding::kOverWaitingLimit)
-        why += ": " + blocked_by;
-      for (const auto& b : blocking) why += "\n  GPU " + b.display_index + ": " + b.reason;
-      if (request.wait)
-        why += fmt::format("\n  (position {} of {} in the queue)", position, q.tickets.size());
-      throw Error(ErrorCode::kTimedOut, why);
-    }
-    if (hooks.on_progress) {
-      const std::string signature = fmt::format("{}\n{}", position, blocked_by);
-      if (signature != last_progress || hooks.progress_refresh) {
-        last_progress = signature;
-        hooks.on_progress(WaitProgress{Clock::now() - start, blocking, position,
-                                       static_cast<int>(q.tickets.size()), mine.standing,
-                                       blocked_by});
-      }
-    }
-
-    // Releases, departures and arrivals are published; an expiring lock is not, so wake when
-    // the first lock on our candidates ends. Readings that decide health are re-read as often
-    // as the local backend does.
-    auto sleep =
-        q.health_dependent() ? options_.health_recheck_interval : options_.safety_recheck_interval;
-    for (const Gpu* g : candidates)
-      if (!g->lock.empty() && g->lock_ttl_ms >= 0)
-        sleep = std::min(sleep, milliseconds(g->lock_ttl_ms) + kExpiryMargin);
-    const auto wake_at = Clock::now() + sleep;
-    while (true) {
-      auto slice =
-          std::chrono::ceil<milliseconds>(std::min(wake_at, next_heartbeat) - Clock::now());
-      if (hooks.interrupted) slice = std::min(slice, hooks.interrupt_poll);
-      if (hooks.progress_refresh) slice = std::min(slice, *hooks.progress_refresh);
-      if (deadline != Clock::time_point::max())
-        slice = std::min(
-            slice, std::chrono::ceil<milliseconds>(deadline - Clock::now()) + milliseconds(1));
-      slice = std::max(slice, milliseconds(0));
-      bool woke = subscriber->next_message(slice).has_value();
-      if (woke) {
-        // Several changes at once need one new plan.
-        for (int i = 0; i < 1000 && subscriber->next_message(milliseconds(0)); ++i) {
-        }
-      }
-      if (hooks.interrupted && hooks.interrupted())
-        throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
-      const auto now = Clock::now();
-      if (now >= next_heartbeat) {
-        const RedisValue renewed =
-            connection->command({"PEXPIRE", settings_.prefix() + "ticket:" + ticket.id,
-                                 std::to_string(kTicketTtl.count())});
-        if (renewed.integer == 0) {
-          ticket.id.clear();  // it expired: register again
-          woke = true;
-        }
-        next_heartbeat = now + kHeartbeat;
-      }
-      if (woke || now >= wake_at || now >= deadline || hooks.progress_refresh) break;
     }
   }
 }

@@ -71,11 +71,11 @@ if hosts.err then hosts = {} end
 local seen = {}
 for i = 1, #hosts, 2 do
   local host = hosts[i]
+  local info = hmget(P .. 'host:' .. host, 'info')
+  table.insert(hosts_out, host)
+  table.insert(hosts_out, hosts[i + 1])
+  table.insert(hosts_out, info[1] or '')
   if ARGV[1] == '' or ARGV[1] == host then
-    local info = hmget(P .. 'host:' .. host, 'info')
-    table.insert(hosts_out, host)
-    table.insert(hosts_out, hosts[i + 1])
-    table.insert(hosts_out, info[1] or '')
     local uuids = redis.pcall('SMEMBERS', P .. 'gpus:' .. host)
     if uuids.err then uuids = {} end
     table.sort(uuids)

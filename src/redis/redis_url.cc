@@ -77,11 +77,8 @@ RedisEndpoint parse_redis_url(std::string_view url) {
     endpoint.user = percent_decode(login.substr(0, colon));
     if (colon != std::string_view::npos)
       endpoint.password = percent_decode(login.substr(colon + 1));
-    if (colon == std::string_view::npos) {
-      // redis://secret@host is how some tools write a bare password.
-      endpoint.password = endpoint.user;
-      endpoint.user.clear();
-    }
+    // redis://user@host names a user whose password comes from GPULOCK_REDIS_PASSWORD or the
+    // config's redis_password_file; redis://:password@host is the default user's password.
   }
   std::string_view authority = rest.substr(0, rest.find('/'));
   std::string_view path =

@@ -183,6 +183,11 @@ void RedisPool::release(const std::string& lease_id) {
                                                   lease_id, settings_.pool));
   const auto record = parse_holder_record(fields.text);
   const std::string me = user_name(::geteuid());
+  if (!record && ::geteuid() != 0)
+    throw Error(ErrorCode::kPermissionDenied,
+                fmt::format("lease {} has an unreadable record, so its owner is unknown; only "
+                            "root may release it",
+                            lease_id));
   if (record && record->user != me && ::geteuid() != 0)
     throw Error(ErrorCode::kPermissionDenied,
                 fmt::format("lease {} belongs to {}; only they or root may release it", lease_id,

@@ -230,15 +230,18 @@ TEST(ConfigParseTest, InvalidUtf8AndNulBytesAreErrors) {
 
 TEST(ConfigParseTest, UnknownTopLevelKeyIsNamedWithItsLine) {
   EXPECT_EQ(ConfigError("# gpulock\npolcy = \"fifo\"\n"),
-            "test.toml:2: unknown key 'polcy' (known: policy, exclude_gpus, limits)");
+            "test.toml:2: unknown key 'polcy' (known: policy, exclude_gpus, limits, backend, pool, "
+            "lease_ttl, redis_password_file)");
 }
 
 TEST(ConfigParseTest, UnknownTopLevelTableIsNamedWithItsLine) {
   // [redis] is reserved for a later version: until then it is an unknown key like any other.
   EXPECT_EQ(ConfigError("policy = \"fifo\"\n\n[redis]\nurl = \"redis://localhost\"\n"),
-            "test.toml:3: unknown key 'redis' (known: policy, exclude_gpus, limits)");
+            "test.toml:3: unknown key 'redis' (known: policy, exclude_gpus, limits, backend, pool, "
+            "lease_ttl, redis_password_file)");
   EXPECT_EQ(ConfigError("[limit]\nmax_gpus_per_user = 1\n"),
-            "test.toml:1: unknown key 'limit' (known: policy, exclude_gpus, limits)");
+            "test.toml:1: unknown key 'limit' (known: policy, exclude_gpus, limits, backend, pool, "
+            "lease_ttl, redis_password_file)");
 }
 
 TEST(ConfigParseTest, UnknownKeyInLimits) {
@@ -472,7 +475,7 @@ TEST_F(ConfigLoadTest, InvalidFileIsReportedWithItsPathAndLine) {
   UseConfig(path);
   EXPECT_EQ(LoadError(), path.string() +
                              ":2: unknown key 'max_gpus_per_user' (known: policy, exclude_gpus, "
-                             "limits)");
+                             "limits, backend, pool, lease_ttl, redis_password_file)");
 }
 
 TEST_F(ConfigLoadTest, MissingFileNamedByGpulockConfigIsAnError) {
