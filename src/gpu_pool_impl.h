@@ -32,6 +32,15 @@ std::string holder_summary(const HolderRecord& record);
 
 // The health filters of a ticket, as a request, to judge devices by.
 LeaseRequest health_filters_of(const Ticket& ticket);
+// A request as the queue sees it (a fresh id; registered only if it has to wait).
+Ticket ticket_for_request(const LeaseRequest& request, std::size_t needed, const std::string& user);
+// A ticket as the planner sees it (without health and fair-share history).
+PlanRequest plan_request_for(const Ticket& ticket, const Config& config);
+
+// Holders as `gpulock status` shows them; whether a process is covered by a lease (the holder,
+// a member, or a descendant of either), for telling foreign processes apart.
+HolderInfo holder_info(const HolderRecord& record);
+bool covered_by(unsigned pid, const HolderRecord& record);
 
 // The queue planned from the files: the tickets (the plan's requests, in the same order), the
 // machine's GPUs as the plan saw them, and the plan.
@@ -51,6 +60,8 @@ struct QueueSnapshot {
   std::vector<BlockingGpu> blocking(std::size_t ticket) const;
   std::string blocked_by(std::size_t ticket, const Config& config) const;
   bool health_dependent() const;  // some waiter lacks a GPU only because of its health
+  // The queue entry at `position` of the plan's order, as `gpulock queue` shows it.
+  QueueEntry entry_at(std::size_t position, const Config& config) const;
 };
 
 class GpuPool::Impl {

@@ -10,6 +10,7 @@
 #include "device_fitness.h"
 #include "gpu_pool_impl.h"
 #include "process/process_identity.h"
+#include "util/random_id.h"
 #include "util/unix_time.h"
 
 namespace gpulock {
@@ -31,6 +32,60 @@ std::string request_summary(const Ticket& t) {
 }
 
 }  // namespace
+
+Ticket ticket_for_request(const LeaseRequest& request, std::size_t needed,
+                          const std::string& user) {
+  Ticket t;
+  t.id = make_lease_id();
+  t.uid = ::geteuid();
+  t.user = user;
+  t.process = self_process_id();
+  t.enqueued_at = unix_seconds(std::chrono::system_clock::now());
+  t.priority = request.priority;
+  t.needed = static_cast<unsigned>(needed);
+  t.named_gpus = !request.gpus.empty();
+  t.min_free_memory_bytes = request.min_free_memory_bytes;
+  t.max_utilization_percent = request.max_utilization_percent;
+  t.max_power_watts = request.max_power_watts;
+  t.allow_foreign_processes = request.allow_foreign_processes;
+  t.label = request.label;
+  t.command = request.command;
+  return t;
+}
+
+PlanRequest plan_request_for(const Ticket& t, const Config& config) {
+  PlanRequest r;
+  r.seq = t.seq;
+  r.uid = t.uid;
+  r.priority = t.priority;
+  r.needed = t.needed;
+  r.named_gpus = t.named_gpus;
+  r.entered_over_limit = t.entered_over_limit;
+  r.candidates = t.candidates;
+  r.limits = config.limits_for(t.user);
+  return r;
+}
+
+QueueEntry QueueSnapshot::entry_at(std::size_t position, const Config& config) const {
+  const Placement& placement = plan.order[position];
+  const Ticket& t = tickets[placement.request];
+  QueueEntry e;
+  e.position = static_cast<int>(position) + 1;
+  e.ticket_id = t.id;
+  e.uid = t.uid;
+  e.user = t.user;
+  e.pid = t.process.pid;
+  e.priority = t.priority;
+  e.gpus_requested = t.needed;
+  if (t.named_gpus) e.gpus_named = t.candidates;
+  e.label = t.label;
+  e.command = t.command;
+  e.waiting_since = from_unix_seconds(t.enqueued_at);
+  e.standing = placement.standing;
+  if (placement.standing == QueueStanding::kWaiting) e.reserved_gpus = placement.gpus;
+  e.blocked_by = blocked_by(placement.request, config);
+  return e;
+}
 
 LeaseRequest health_filters_of(const Ticket& t) {
   LeaseRequest r;
@@ -183,15 +238,7 @@ QueueSnapshot GpuPool::Impl::plan(const std::vector<Device>& devices,
   std::vector<PlanRequest> requests;
   for (auto& t : snapshot.tickets) {
     t.user = user_of(t.uid);  // the name this machine gives the ticket's owner
-    PlanRequest r;
-    r.seq = t.seq;
-    r.uid = t.uid;
-    r.priority = t.priority;
-    r.needed = t.needed;
-    r.named_gpus = t.named_gpus;
-    r.entered_over_limit = t.entered_over_limit;
-    r.candidates = t.candidates;
-    r.limits = config.limits_for(t.user);
+    PlanRequest r = plan_request_for(t, config);
     // A request that has not registered does not wait yet: the waiting limit is not its
     // concern until it must (acquire() decides then).
     if (newcomer && &t == &snapshot.tickets.back()) r.limits.max_waiting.reset();
@@ -226,24 +273,7 @@ QueueStatus GpuPool::Impl::queue_status(const std::vector<Device>* devices) {
   const QueueSnapshot snapshot =
       plan(devices ? *devices : source->devices(), listing, nullptr, true);
   for (std::size_t position = 0; position < snapshot.plan.order.size(); ++position) {
-    const Placement& placement = snapshot.plan.order[position];
-    const Ticket& t = snapshot.tickets[placement.request];
-    QueueEntry e;
-    e.position = static_cast<int>(position) + 1;
-    e.ticket_id = t.id;
-    e.uid = t.uid;
-    e.user = t.user;
-    e.pid = t.process.pid;
-    e.priority = t.priority;
-    e.gpus_requested = t.needed;
-    if (t.named_gpus) e.gpus_named = t.candidates;
-    e.label = t.label;
-    e.command = t.command;
-    e.waiting_since = from_unix_seconds(t.enqueued_at);
-    e.standing = placement.standing;
-    if (placement.standing == QueueStanding::kWaiting) e.reserved_gpus = placement.gpus;
-    e.blocked_by = snapshot.blocked_by(placement.request, config);
-    status.entries.push_back(std::move(e));
+    status.entries.push_back(snapshot.entry_at(position, config));
   }
   return status;
 }

@@ -12,8 +12,8 @@
 
 #include "gpu_pool_impl.h"
 #include "gpulock/error.hpp"
-#include "queue/wait_channel.h"
 #include "process/process_identity.h"
+#include "queue/wait_channel.h"
 #include "util/random_id.h"
 #include "util/strings.h"
 

@@ -10,7 +10,6 @@
 #include "util/unix_time.h"
 
 namespace gpulock {
-namespace {
 
 HolderInfo holder_info(const HolderRecord& r) {
   HolderInfo info;
@@ -36,8 +35,6 @@ bool covered_by(unsigned pid, const HolderRecord& r) {
     return is_same_or_descendant(static_cast<pid_t>(pid), m);
   });
 }
-
-}  // namespace
 
 const char* gpu_state_name(GpuState state) noexcept {
   switch (state) {

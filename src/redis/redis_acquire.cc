@@ -87,21 +87,7 @@ Lease RedisPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
                             : hosts[0] == settings_.host ? "this machine"
                                                          : "host " + hosts[0];
 
-  Ticket wanted;
-  wanted.id = make_lease_id();
-  wanted.uid = ::geteuid();
-  wanted.user = user;
-  wanted.process = self_process_id();
-  wanted.enqueued_at = unix_seconds(std::chrono::system_clock::now());
-  wanted.priority = request.priority;
-  wanted.needed = static_cast<unsigned>(needed);
-  wanted.named_gpus = !request.gpus.empty();
-  wanted.min_free_memory_bytes = request.min_free_memory_bytes;
-  wanted.max_utilization_percent = request.max_utilization_percent;
-  wanted.max_power_watts = request.max_power_watts;
-  wanted.allow_foreign_processes = request.allow_foreign_processes;
-  wanted.label = request.label;
-  wanted.command = request.command;
+  Ticket wanted = ticket_for_request(request, needed, user);
 
   RedisConnectionLoan connection(*connections_);
   std::vector<Device> local_devices = register_devices(*connection);

@@ -203,15 +203,7 @@ QueueSnapshot RedisPool::plan(const Snapshot& snap, const Ticket* newcomer) {
   std::vector<PlanRequest> requests;
   for (std::size_t i = 0; i < q.tickets.size(); ++i) {
     const Ticket& t = q.tickets[i];
-    PlanRequest r;
-    r.seq = t.seq;
-    r.uid = t.uid;
-    r.priority = t.priority;
-    r.needed = t.needed;
-    r.named_gpus = t.named_gpus;
-    r.entered_over_limit = t.entered_over_limit;
-    r.candidates = t.candidates;
-    r.limits = config_.limits_for(t.user);
+    PlanRequest r = plan_request_for(t, config_);
     if (newcomer && i + 1 == q.tickets.size()) r.limits.max_waiting.reset();
     if (const auto it = snap.user_last_served.find(t.user); it != snap.user_last_served.end())
       r.user_last_served = it->second;

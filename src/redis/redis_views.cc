@@ -16,34 +16,6 @@
 #include "util/unix_time.h"
 
 namespace gpulock {
-namespace {
-
-HolderInfo holder_info(const HolderRecord& r, bool on_this_host, long long ttl_ms) {
-  HolderInfo info;
-  info.lease_id = r.lease_id;
-  info.uid = r.uid;
-  info.user = r.user;
-  info.host = r.host;
-  info.kind = holder_kind_name(r.kind);
-  info.pid = r.holder.pid;
-  // On another host, a lease that is being renewed is alive.
-  info.holder_alive = on_this_host ? is_alive(r.holder) : ttl_ms > 0;
-  for (const auto& m : r.members) info.member_pids.push_back(m.pid);
-  info.command = r.command;
-  info.label = r.label;
-  info.started_at = from_unix_seconds(r.started_at);
-  info.gpus = r.gpus;
-  return info;
-}
-
-bool covered_by(unsigned pid, const HolderRecord& r) {
-  if (is_same_or_descendant(static_cast<pid_t>(pid), r.holder)) return true;
-  return std::any_of(r.members.begin(), r.members.end(), [&](const ProcessId& m) {
-    return is_same_or_descendant(static_cast<pid_t>(pid), m);
-  });
-}
-
-}  // namespace
 
 GpuStatus RedisPool::describe(const Gpu& g, const Snapshot& snap) const {
   GpuStatus gpu;
@@ -65,7 +37,9 @@ GpuStatus RedisPool::describe(const Gpu& g, const Snapshot& snap) const {
   } else if (!g.lock.empty()) {
     gpu.state = GpuState::kLeased;
     if (record) {
-      gpu.holder = holder_info(*record, holder_here, snap.leases.at(g.lock).ttl_ms);
+      gpu.holder = holder_info(*record);
+      // On another host, a lease that is being renewed is alive.
+      if (!holder_here) gpu.holder->holder_alive = snap.leases.at(g.lock).ttl_ms > 0;
     } else {
       gpu.note = "lease details unavailable (being written, or damaged)";
     }
@@ -119,20 +93,14 @@ PoolStatus RedisPool::status(bool whole_pool) {
   const QueueSnapshot q = plan(snap, nullptr);
   status.queue_length = static_cast<int>(snap.tickets.size());
   status.queue_policy = queue_policy_name(config_.policy);
-  for (const Placement& placement : q.plan.order) {
+  for (std::size_t position = 0; position < q.plan.order.size(); ++position) {
+    const Placement& placement = q.plan.order[position];
     if (placement.standing != QueueStanding::kWaiting) continue;
     for (const auto& uuid : placement.gpus)
       for (auto& gpu : status.gpus)
         if (gpu.device.uuid == uuid && gpu.state == GpuState::kFree) {
-          const Ticket& t = q.tickets[placement.request];
-          QueueEntry e;
-          e.position = static_cast<int>(q.plan.position_of[placement.request]) + 1;
-          e.ticket_id = t.id;
-          e.user = t.user;
-          e.pid = t.process.pid;
-          e.gpus_requested = t.needed;
-          e.standing = placement.standing;
-          gpu.reserved_for = e;
+          gpu.reserved_for = q.entry_at(position, config_);
+          gpu.reserved_for->uid = snap.ticket_uids[placement.request];
         }
   }
   return status;
@@ -148,23 +116,8 @@ QueueStatus RedisPool::queue() {
   if (snap.tickets.empty()) return status;
   const QueueSnapshot q = plan(snap, nullptr);
   for (std::size_t position = 0; position < q.plan.order.size(); ++position) {
-    const Placement& placement = q.plan.order[position];
-    const Ticket& t = q.tickets[placement.request];
-    QueueEntry e;
-    e.position = static_cast<int>(position) + 1;
-    e.ticket_id = t.id;
-    e.uid = snap.ticket_uids[placement.request];
-    e.user = t.user;
-    e.pid = t.process.pid;
-    e.priority = t.priority;
-    e.gpus_requested = t.needed;
-    if (t.named_gpus) e.gpus_named = t.candidates;
-    e.label = t.label;
-    e.command = t.command;
-    e.waiting_since = from_unix_seconds(t.enqueued_at);
-    e.standing = placement.standing;
-    if (placement.standing == QueueStanding::kWaiting) e.reserved_gpus = placement.gpus;
-    e.blocked_by = q.blocked_by(placement.request, config_);
+    QueueEntry e = q.entry_at(position, config_);
+    e.uid = snap.ticket_uids[q.plan.order[position].request];  // the uid its host gave it
     status.entries.push_back(std::move(e));
   }
   return status;
