@@ -118,14 +118,18 @@ for i = 1, #members, 2 do
   end
 end
 if removed then bump('leave') end
-return {get(P .. 'version'), now_ms, hosts_out, gpus_out, leases_out, tickets_out}
+local version = get(P .. 'version')
+if version == '' then version = '0' end
+return {version, now_ms, hosts_out, gpus_out, leases_out, tickets_out}
 )lua"};
 
 const RedisScript kAcquire{"acquire", GPULOCK_LUA_PRELUDE R"lua(
 local id, ttl, expected = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local needed, mode = tonumber(ARGV[4]), ARGV[5]
 if expected ~= '' then
-  if get(P .. 'version') ~= expected then return {'stale'} end
+  local version = get(P .. 'version')
+  if version == '' then version = '0' end
+  if version ~= expected then return {'stale'} end
 else
   local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1)
   if members.err then members = {} end
