@@ -156,6 +156,12 @@ Lease RedisPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
         for (const Gpu* g : scope) devices.push_back(g->device);
         for (const Device* d : resolve_explicit(devices, request.gpus, where))
           pool.push_back(scope[static_cast<std::size_t>(d - devices.data())]);
+        for (const Gpu* g : pool)
+          if (g->host != pool.front()->host)
+            throw Error(ErrorCode::kInvalidArgument,
+                        fmt::format("the GPUs named are on hosts {} and {}: a lease covers GPUs "
+                                    "of one host",
+                                    pool.front()->host, g->host));
       } else {
         pool = scope;
       }
