@@ -31,14 +31,25 @@ constexpr std::uint64_t kDefaultMemory = 80 * kGiB;
 
 // With GPULOCK_HOST set (fake hosts of a Redis pool on one machine), the UUIDs differ per host
 // name, as real GPUs' do; otherwise they are fixed.
-std::string simulated_uuid(unsigned index) {
+std::uint32_t host_hash() {
   std::uint32_t hash = 0;
   if (const char* host = std::getenv("GPULOCK_HOST"); host != nullptr && *host != '\0') {
     hash = 2166136261u;  // FNV-1a
     for (const char* c = host; *c != '\0'; ++c)
       hash = (hash ^ static_cast<unsigned char>(*c)) * 16777619u;
   }
+  return hash;
+}
+
+std::string simulated_uuid(unsigned index) {
+  const std::uint32_t hash = host_hash();
   return fmt::format("GPU-5e1f0a7e-{:04x}-4{:03x}-8000-{:012x}", hash >> 16, hash & 0xfff, index);
+}
+
+std::string simulated_mig_uuid(unsigned instance, unsigned gpu) {
+  const std::uint32_t hash = host_hash();
+  return fmt::format("MIG-5e1f0a7e-{:04x}-4{:03x}-8{:03x}-{:012x}", instance, hash >> 20,
+                     (hash >> 8) & 0xfff, gpu);
 }
 
 Device idle_device(unsigned index) {
@@ -224,9 +235,8 @@ class FileReader {
           Device instance;
           instance.index = device.index;
           instance.mig_index = static_cast<unsigned>(m);
-          instance.uuid = migs[m].contains("uuid")
-                              ? text(migs[m]["uuid"], at + ".uuid")
-                              : fmt::format("MIG-5e1f0a7e-{:04x}-4000-8000-{:012x}", m, i);
+          instance.uuid = migs[m].contains("uuid") ? text(migs[m]["uuid"], at + ".uuid")
+                                                   : simulated_mig_uuid(m, i);
           instance.name = device.name + " MIG";
           instance.pci_bus_id = device.pci_bus_id;
           instance.parent_uuid = device.uuid;
