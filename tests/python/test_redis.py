@@ -1,0 +1,120 @@
+"""The Python package on the Redis backend (GPULOCK_BACKEND=redis://...): the same API as on
+lock files, plus the lease's fencing token, host and loss, against a real redis-server that each
+test starts on a free loopback port (tests/support/redis_server.py).
+
+What Redis holds is checked independently with raw RESP commands (GET of the lock keys), and
+exclusion with the real `gpulock` binary, never by asking the package under test.
+"""
+
+import pytest
+
+import gpulock
+from conftest import EX_TEMPFAIL, EX_UNAVAILABLE, wait_until
+from redis_server import RedisMissing, RedisServer, closed_port
+
+
+@pytest.fixture
+def redis(monkeypatch):
+    """A redis-server, and this test's process pointed at it as fake host 'py-a' with a pool of
+    its own and a 2 s lease TTL."""
+    try:
+        server = RedisServer()
+    except RedisMissing as e:
+        pytest.fail(str(e))  # CI installs redis-server: never skip
+    try:
+        monkeypatch.setenv("GPULOCK_BACKEND", server.url())
+        monkeypatch.setenv("GPULOCK_POOL", "pytest")
+        monkeypatch.setenv("GPULOCK_HOST", "py-a")
+        monkeypatch.setenv("GPULOCK_LEASE_TTL", "2s")
+        yield server
+    finally:
+        server.close()
+
+
+def lock_holder(server, uuid):
+    """The lease id Redis says holds a GPU, or None (read without the package under test)."""
+    return server.command("GET", "gpulock:{pytest}:lock:" + uuid)
+
+
+def test_a_lease_lives_in_redis_with_a_token_and_a_host(redis):
+    with gpulock.lease() as lease:
+        assert lease.fencing_token > 0
+        assert lease.host == "py-a"
+        assert lock_holder(redis, lease.gpus[0]) == lease.id
+        env = lease.environment
+        assert env["GPULOCK_FENCING_TOKEN"] == str(lease.fencing_token)
+        assert env["GPULOCK_LEASE_HOST"] == "py-a"
+        assert not lease.lost
+    assert lock_holder(redis, lease.gpus[0]) is None  # released: the key is gone
+
+
+def test_fencing_tokens_increase_across_leases(redis):
+    tokens = []
+    for _ in range(5):
+        with gpulock.lease(count=2) as lease:
+            tokens.append(lease.fencing_token)
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+def test_a_python_lease_excludes_the_cli_and_the_reverse(gl, redis):
+    with gpulock.lease(count=4):  # all four simulated GPUs of py-a
+        busy = gl.cli("run", "--no-wait", "--", "true")
+        assert busy.returncode == EX_TEMPFAIL, busy.stderr
+    free = gl.cli("run", "--no-wait", "--", "true")
+    assert free.returncode == 0, free.stderr
+
+    holder, lease_id, uuids = gl.hold("-n", "4")
+    try:
+        with pytest.raises(gpulock.Unavailable):
+            gpulock.lease(wait=False)
+    finally:
+        holder.kill()
+
+
+def test_another_hosts_gpu_is_a_reservation_there(gl, redis):
+    # Host py-b registers its GPUs by running gpulock there; then py-a takes one of them.
+    registered = gl.cli("status", env=gl.env(GPULOCK_HOST="py-b"))
+    assert registered.returncode == 0, registered.stderr
+    with gpulock.lease(count=4):  # py-a's own GPUs are all taken
+        with gpulock.lease(host="any", wait=False) as remote:
+            assert remote.host == "py-b"
+            assert lock_holder(redis, remote.gpus[0]) == remote.id
+        with gpulock.lease(host=["py-b"], wait=False) as named:
+            assert named.host == "py-b"
+
+
+def test_a_lease_not_renewed_for_its_ttl_is_reported_lost(redis):
+    lease = gpulock.lease()
+    try:
+        redis.pause(4000)  # longer than the 2 s TTL: no renewal can get through
+        wait_until(lambda: lease.lost, timeout=30, what="the lease to count as lost")
+    finally:
+        lease.release()
+
+
+def test_unreachable_redis_is_a_setup_error_without_the_password(monkeypatch, redis):
+    monkeypatch.setenv("GPULOCK_BACKEND",
+                       "redis://alice:hunter2@127.0.0.1:%d/0" % closed_port())
+    with pytest.raises(gpulock.SetupError) as caught:
+        gpulock.lease()
+    assert caught.value.exit_status == EX_UNAVAILABLE
+    assert "hunter2" not in str(caught.value)
+    assert "127.0.0.1" in str(caught.value)
+
+
+def test_a_wrong_password_is_refused(monkeypatch):
+    try:
+        server = RedisServer(password="right")
+    except RedisMissing as e:
+        pytest.fail(str(e))
+    try:
+        monkeypatch.setenv("GPULOCK_BACKEND", server.url(password="wrong"))
+        monkeypatch.setenv("GPULOCK_POOL", "pytest")
+        with pytest.raises(gpulock.SetupError) as caught:
+            gpulock.lease()
+        assert "wrong" not in str(caught.value)
+        monkeypatch.setenv("GPULOCK_BACKEND", server.url(password="right"))
+        with gpulock.lease() as lease:
+            assert lease.fencing_token > 0
+    finally:
+        server.close()
