@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <set>
 
 #include <fmt/format.h>
@@ -65,12 +67,21 @@ void close_all_except(const std::set<int>& keep) {
   [[maybe_unused]] const ssize_t n = ::write(ready_fd, &self, sizeof self);
   ::close(ready_fd);
 
+  // A lost Redis lease (not renewable for its TTL, or released elsewhere) has nothing left to
+  // hold: the holder ends, so that `gpulock status` no longer shows it.
+  const int lost = ::eventfd(0, EFD_CLOEXEC);
+  lease.on_lost([lost](const std::string&) {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const ssize_t written = ::write(lost, &one, sizeof one);
+  });
   while (true) {
-    pollfd fds[2] = {{signals, POLLIN, 0}, {pidfd, POLLIN, 0}};
-    const int count = pidfd >= 0 ? 2 : 1;
+    pollfd fds[3] = {{signals, POLLIN, 0}, {lost, POLLIN, 0}, {pidfd, POLLIN, 0}};
+    const int count = pidfd >= 0 ? 3 : 2;
     const int ready_count = ::poll(fds, count, pidfd >= 0 ? -1 : kFallbackPollMs);
     if (ready_count < 0 && errno != EINTR) break;
-    if (ready_count > 0 && (fds[0].revents != 0 || (count == 2 && fds[1].revents != 0))) break;
+    if (ready_count > 0 &&
+        (fds[0].revents != 0 || fds[1].revents != 0 || (count == 3 && fds[2].revents != 0)))
+      break;
     if (pidfd < 0 && !is_alive(watched)) break;
   }
   // Releasing closes the lock descriptors (the kernel releases the GPUs) or ends the Redis lease.
