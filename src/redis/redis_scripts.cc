@@ -159,7 +159,7 @@ redis.call('SET', P .. 'token', token_text)
 for _, uuid in ipairs(chosen) do redis.call('SET', P .. 'lock:' .. uuid, id, 'PX', ttl) end
 own_key(P .. 'lease:' .. id, 'hash')
 redis.call('HSET', P .. 'lease:' .. id, 'record', ARGV[6], 'token', token_text,
-           'gpus', table.concat(chosen, ','), 'user', ARGV[7], 'host', ARGV[8])
+           'gpus', table.concat(chosen, ','), 'user', ARGV[7], 'host', ARGV[8], 'ttl', ARGV[2])
 redis.call('PEXPIRE', P .. 'lease:' .. id, ttl)
 if ARGV[9] ~= '' then
   redis.call('ZREM', P .. 'queue', ARGV[9])
@@ -190,9 +190,11 @@ for _, uuid in ipairs(uuids) do
     released = released + 1
   end
 end
+local ttl = tonumber(hmget(P .. 'lease:' .. id, 'ttl')[1]) or 60000
 local existed = redis.call('DEL', P .. 'lease:' .. id)
--- Tells the holder's next renewal that the lease ended (so it does not re-create it).
-redis.call('SET', P .. 'ended:' .. id, '1', 'EX', 86400)
+-- Tells the holder's next renewal that the lease ended (so it does not re-create it). A holder
+-- that cannot renew for a TTL counts its lease lost by itself, so two TTLs are enough.
+redis.call('SET', P .. 'ended:' .. id, '1', 'PX', math.max(1000, math.min(2 * ttl, 172800000)))
 if released > 0 or existed > 0 then bump('release') end
 return released
 )lua"};
@@ -220,7 +222,7 @@ if redis.call('TYPE', lease).ok ~= 'hash' then
   restored = true
 end
 redis.call('HSET', lease, 'record', ARGV[4], 'token', ARGV[3], 'gpus', table.concat(uuids, ','),
-           'user', ARGV[5], 'host', ARGV[6])
+           'user', ARGV[5], 'host', ARGV[6], 'ttl', ARGV[2])
 redis.call('PEXPIRE', lease, ttl)
 local last = tonumber(get(P .. 'token'))
 if not last or last < tonumber(ARGV[3]) then redis.call('SET', P .. 'token', ARGV[3]) end

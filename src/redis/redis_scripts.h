@@ -33,8 +33,9 @@ extern const RedisScript kSnapshot;
 extern const RedisScript kAcquire;
 
 // ARGV: lease id, then its UUIDs (none: those the lease's record lists). Deletes each lock that
-// names this lease (compare-and-delete) and the lease, and leaves a day-long "ended" mark so
-// that the holder's next renewal reports the lease lost instead of re-creating it. Returns how
+// names this lease (compare-and-delete) and the lease, and leaves an "ended" mark for two of the
+// lease's TTLs so that the holder's next renewal reports the lease lost instead of re-creating
+// it. Returns how
 // many locks it deleted.
 extern const RedisScript kRelease;
 

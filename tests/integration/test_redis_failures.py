@@ -1,0 +1,368 @@
+"""The Redis backend when things go wrong: wrong password or address (exit 69, password masked,
+no fallback to local locks), a SIGKILLed holder (its GPUs come back when Redis expires its keys),
+Redis stopped, restarted empty or paused (CLIENT PAUSE) past the lease TTL with
+--on-lease-loss=warn|kill, and garbage in the pool's keys (never a crash, never a GPU twice).
+
+TTLs are short (2 s, or 4 s where a restart must fit in one). No assertion depends on how fast
+this machine is: where the order of events matters, the test checks it with Redis itself (a key
+still there, a server still paused) rather than with a stopwatch; timeouts are hang guards.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+
+import pytest
+
+from conftest import EX_TEMPFAIL, EX_UNAVAILABLE, HANG, wait_until
+pytest.register_assert_rewrite("conftest_redis")  # before its first import
+from conftest_redis import (  # noqa: E402
+    DEFAULT_TTL_SECONDS, RedisWorld, assert_no_crash, closed_port, read_env_output)
+from redis_server import RespConnection  # noqa: E402
+
+SIGTERM_STATUS = 128 + signal.SIGTERM
+
+# The fixtures redis_server, redis_servers and rw.
+pytest_plugins = ["conftest_redis"]
+
+
+def local_lock_files(rw, host="node-a"):
+    lock_dir = rw.tmp / ("locks-" + host)
+    if not lock_dir.exists():
+        return []
+    return [p for p in os.listdir(lock_dir) if p.endswith(".lock")]
+
+
+def server_paused(server, probe=0.3):
+    """True if the server does not answer PING within `probe` seconds (a CLIENT PAUSE is on)."""
+    conn = RespConnection(server.port, timeout=probe)
+    try:
+        if server.password is not None:
+            conn.send("AUTH", server.password)
+        conn.send("PING")
+        try:
+            if server.password is not None:
+                conn.read_reply()
+            conn.read_reply()
+            return False
+        except socket.timeout:
+            return True
+    finally:
+        conn.close()
+
+
+def wait_unpaused(server):
+    wait_until(lambda: not server_paused(server, probe=1.0), timeout=HANG, interval=0.1,
+               what="the CLIENT PAUSE to end")
+
+
+# -- cannot connect -------------------------------------------------------------------------------
+
+COMMANDS = (("run", "--no-wait", "--", "true"), ("run", "--", "true"),
+            ("acquire", "-n", "1", "--for-pid", "1"), ("status", "--json"),
+            ("status", "--pool", "--json"), ("queue", "--json"), ("doctor",))
+
+
+def check_refused(rw, url, shown, hidden=None, commands=COMMANDS):
+    for args in commands:
+        result = rw.run(*args, env=rw.env(url=url))
+        assert_no_crash(result, " ".join(args))
+        if args[0] in ("run", "acquire", "doctor"):
+            assert result.returncode == EX_UNAVAILABLE, (args, result.returncode, result.stderr)
+        else:
+            assert result.returncode != 0, (args, result.stdout)
+        # doctor prints its checks (the failed one too) on stdout
+        said = result.stderr + (result.stdout if args[0] == "doctor" else "")
+        assert shown in said, (args, shown, result.stdout, result.stderr)
+        if hidden is not None:
+            assert hidden not in result.stderr + result.stdout, (args, result.stderr)
+    assert local_lock_files(rw) == [], "fell back to local lock files"
+
+
+def test_wrong_password_exit_69_password_masked(gl, redis_servers):
+    password = "right-" + os.urandom(8).hex()
+    server = redis_servers(password=password)
+    world = RedisWorld(gl, server)
+    wrong = "wrong-" + os.urandom(8).hex()
+    check_refused(world, server.url(password=wrong), "127.0.0.1:%d" % server.port, hidden=wrong)
+    # No password at all for a server that requires one.
+    check_refused(world, server.url(), "127.0.0.1:%d" % server.port,
+                  commands=COMMANDS[:1] + COMMANDS[-1:])
+    # The right one works, and nothing was left behind by the refused attempts.
+    result = world.run("run", "--no-wait", "--", "true",
+                       env=world.env(url=server.url(password=password)))
+    assert result.returncode == 0, result.stderr
+    assert [k for k in world.pool_keys() if ":lock:" in k or ":lease:" in k] == []
+
+
+def test_wrong_port_exit_69_no_fallback(rw):
+    port = closed_port()
+    check_refused(rw, "redis://127.0.0.1:%d/0" % port, "127.0.0.1:%d" % port)
+    # With a password in the URL, the password is masked.
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    check_refused(rw, "redis://someone:%s@127.0.0.1:%d/0" % (secret, port), str(port),
+                  hidden=secret, commands=COMMANDS[:1] + COMMANDS[-1:])
+
+
+def test_unknown_host_exit_69(rw):
+    url = "redis://no-such-host.invalid:6379/0"
+    check_refused(rw, url, "no-such-host.invalid", commands=COMMANDS[:1] + COMMANDS[-1:])
+
+
+# -- a SIGKILLed holder ---------------------------------------------------------------------------
+
+def test_sigkilled_holder_gpus_return_when_the_ttl_ends(rw):
+    uuids = rw.register("node-a", gpus=2)
+    holder = rw.hold("--gpus", "0")
+    lock = rw.lock_key(uuids[0])
+    before = holder.token
+    holder.bg.kill_group(signal.SIGKILL)  # gpulock run and its command, at once
+    holder.bg.wait()
+    killed_at = time.monotonic()
+
+    # The kill released nothing: the lease is still in Redis, for at most one TTL.
+    assert rw.server.command("GET", lock) == holder.lease_id
+    remaining_ms = rw.server.command("PTTL", lock)
+    assert 0 < remaining_ms <= DEFAULT_TTL_SECONDS * 1000, remaining_ms
+    # While the key is there, nobody gets the GPU (checked after the attempt: the key was
+    # there for the whole attempt).
+    attempts = 0
+    while True:
+        result = rw.run_no_wait("--gpus", "0")
+        assert_no_crash(result, "run --no-wait")
+        if rw.server.command("GET", lock) != holder.lease_id:
+            break
+        assert result.returncode == EX_TEMPFAIL, result.stderr
+        attempts += 1
+        time.sleep(0.05)
+        if time.monotonic() - killed_at > HANG:
+            raise AssertionError("the dead holder's lock key never expired")
+    # Redis expired it (its TTL was at most one lease TTL); the GPU is free at once.
+    got = read_env_output(rw.run("run", "--gpus", "0", "--no-wait", "--", "env").stdout)
+    assert got.get("GPULOCK_GPUS") == uuids[0], got
+    assert int(got["GPULOCK_FENCING_TOKEN"]) > before
+    assert rw.server.command("EXISTS", rw.lease_key(holder.lease_id)) == 0
+    elapsed = time.monotonic() - killed_at
+    print("dead holder's GPU free again %.2fs after SIGKILL (TTL %ss, %d refused attempts)"
+          % (elapsed, DEFAULT_TTL_SECONDS, attempts))
+
+
+# -- Redis restarted or stopped mid-lease ---------------------------------------------------------
+
+def test_restart_empty_mid_lease_holder_recreates_its_lease(rw):
+    env = rw.env(ttl="4s")
+    uuids = rw.register("node-a", gpus=2)
+    holder = rw.hold("--gpus", "0", "--on-lease-loss", "kill", env=env)
+    lock = rw.lock_key(uuids[0])
+    assert rw.server.command("GET", lock) == holder.lease_id
+
+    rw.server.command("SET", rw.key("sentinel"), "1")
+    rw.server.restart()  # SHUTDOWN NOSAVE + start on the same port: every key is lost
+    assert rw.server.command("EXISTS", rw.key("sentinel")) == 0
+    # The holder's next renewal re-creates its lease (no one else holds the GPU).
+    wait_until(lambda: rw.server.command("GET", lock) == holder.lease_id, timeout=HANG,
+               interval=0.05, what="the holder to re-create its lock key")
+    wait_until(lambda: rw.server.command("EXISTS", rw.lease_key(holder.lease_id)) == 1,
+               timeout=HANG, what="the holder to re-create its lease record")
+    assert holder.alive(), "lease counted as lost: " + holder.bg.describe()
+    entry = rw.gpu_entry(rw.status(env=env), uuids[0])
+    assert entry["state"] == "leased" and entry["holder"]["lease_id"] == holder.lease_id
+    assert rw.run_no_wait("--gpus", "0", env=env).returncode == EX_TEMPFAIL
+
+    # A lease after the restart gets a larger token than the one before it.
+    got = read_env_output(rw.run("run", "--gpus", "1", "--no-wait", "--", "env", env=env).stdout)
+    assert int(got["GPULOCK_FENCING_TOKEN"]) > holder.token, (got, holder.token)
+    assert holder.alive()
+    assert holder.finish() == 0, holder.bg.describe()
+    assert rw.server.command("GET", lock) is None
+
+
+def test_restart_while_another_took_the_gpu_reports_loss(rw):
+    """After an empty restart, if someone else leased the GPU before the holder renewed, the
+    holder must not steal it back: it reports the loss (kill: the command is stopped)."""
+    env = rw.env(ttl="30s")  # the holder renews only every 10 s: time to take its GPU first
+    uuids = rw.register("node-a", gpus=1, ttl="30s")
+    holder = rw.hold("-n", "1", "--on-lease-loss", "kill", env=env)
+    rw.server.restart()
+    intruder = rw.hold("-n", "1", env=env)
+    assert intruder.gpus == uuids
+    # The holder finds its GPU taken at its next renewal: loss, never a steal.
+    status = holder.bg.wait(timeout=HANG)
+    assert status == SIGTERM_STATUS, holder.bg.describe()
+    assert rw.server.command("GET", rw.lock_key(uuids[0])) == intruder.lease_id
+    assert intruder.finish() == 0
+
+
+def test_redis_stopped_warn_keeps_the_command_running(rw):
+    rw.register("node-a", gpus=1)
+    holder = rw.hold("-n", "1")  # --on-lease-loss=warn is the default
+    rw.server.stop()
+    wait_until(lambda: "lost" in holder.bg.stderr() or not holder.alive(), timeout=HANG,
+               what="a lease-loss warning")
+    assert holder.alive(), holder.bg.describe()
+    assert "lost" in holder.bg.stderr()
+    rw.server.start()
+    assert holder.finish() == 0, holder.bg.describe()
+
+
+def test_redis_stopped_kill_stops_the_command(rw):
+    rw.register("node-a", gpus=1)
+    holder = rw.hold("-n", "1", "--on-lease-loss", "kill")
+    rw.server.stop()
+    assert holder.bg.wait(timeout=HANG) == SIGTERM_STATUS, holder.bg.describe()
+    assert "lost" in holder.bg.stderr()
+
+
+# -- CLIENT PAUSE past the TTL --------------------------------------------------------------------
+
+PAUSE_MS = 8_000  # 4 TTLs: the loss must be seen while the server is still paused
+
+
+def test_client_pause_past_ttl_kill(rw):
+    uuids = rw.register("node-a", gpus=1)
+    holder = rw.hold("-n", "1", "--on-lease-loss", "kill")
+    rw.server.pause(PAUSE_MS)
+    wait_until(lambda: not holder.command_alive(), timeout=HANG, interval=0.05,
+               what="the command to be stopped")
+    # Stopped because of the pause (Redis still paused), not after it.
+    assert server_paused(rw.server), "the command was stopped only after the pause ended"
+    assert holder.bg.wait(timeout=HANG) == SIGTERM_STATUS, holder.bg.describe()
+    assert "lost" in holder.bg.stderr(), holder.bg.stderr()
+    wait_unpaused(rw.server)
+    # The lost lease's keys are gone (released or expired): the GPU can be leased again.
+    wait_until(lambda: rw.run_no_wait().returncode == 0, timeout=HANG, interval=0.2,
+               what="the GPU to be free after the lost lease")
+    assert rw.server.command("GET", rw.lock_key(uuids[0])) is None
+
+
+def test_client_pause_past_ttl_warn(rw):
+    rw.register("node-a", gpus=1)
+    holder = rw.hold("-n", "1")
+    rw.server.pause(PAUSE_MS)
+    wait_until(lambda: "lost" in holder.bg.stderr() or not holder.alive(), timeout=HANG,
+               what="a lease-loss warning")
+    assert server_paused(rw.server), "the loss was seen only after the pause ended"
+    assert holder.alive(), holder.bg.describe()
+    wait_unpaused(rw.server)
+    assert holder.alive()
+    assert holder.finish() == 0, holder.bg.describe()
+
+
+def test_short_pause_does_not_lose_the_lease(rw):
+    uuids = rw.register("node-a", gpus=1)
+    holder = rw.hold("-n", "1", "--on-lease-loss", "kill")
+    rw.server.pause(int(DEFAULT_TTL_SECONDS * 1000 / 4))
+    wait_unpaused(rw.server)
+    # Two renewal periods after the pause the lease is still there and still renewed.
+    lock = rw.lock_key(uuids[0])
+    for _ in range(2):
+        rw.wait_renewal(lock, holder)
+    assert holder.alive(), holder.bg.describe()
+    assert rw.server.command("GET", lock) == holder.lease_id
+    assert holder.finish() == 0
+
+
+# -- garbage in the pool's keys -------------------------------------------------------------------
+
+def never_granted(rw, uuid, count, host="node-a"):
+    """Neither a named request nor a count request taking every GPU gets `uuid`; no crash."""
+    result = rw.run_no_wait("--gpus", uuid, host=host)
+    assert_no_crash(result, "run --gpus <garbage GPU>")
+    assert result.returncode != 0, "granted a GPU whose key holds garbage"
+    result = rw.run_no_wait("-n", str(count), host=host)
+    assert_no_crash(result, "run -n all")
+    assert result.returncode != 0, "granted a GPU whose key holds garbage"
+
+
+def views_do_not_crash(rw, host="node-a"):
+    for args in (("status", "--json"), ("status", "--pool", "--json"), ("status",),
+                 ("queue", "--json"), ("doctor",)):
+        result = rw.run(*args, host=host)
+        assert_no_crash(result, " ".join(args))
+    return rw.run("status", "--json", host=host)
+
+
+def test_garbage_lock_value_is_never_free(rw):
+    uuids = rw.register("node-a", gpus=2)
+    lock = rw.lock_key(uuids[0])
+    garbage = b"not a lease \x00\xff\xfe" + b"x" * 300
+    rw.server.command("SET", lock, garbage)
+    never_granted(rw, uuids[0], 2)
+    result = views_do_not_crash(rw)
+    if result.returncode == 0:
+        assert rw.gpu_entry(json.loads(result.stdout), uuids[0])["state"] != "free"
+    # The other GPU is still usable, once.
+    holder = rw.hold("-n", "1")
+    assert holder.gpus == [uuids[1]]
+    assert rw.run_no_wait("-n", "1").returncode == EX_TEMPFAIL
+    assert rw.server.command("GET", lock, raw=True) == garbage, "someone overwrote the key"
+    assert holder.finish() == 0
+
+
+def test_garbage_wrong_type_lock_key(rw):
+    uuids = rw.register("node-a", gpus=2)
+    rw.server.command("HSET", rw.lock_key(uuids[0]), "lease", "0123456789abcdef")
+    rw.server.command("SADD", rw.lock_key(uuids[1]), "0123456789abcdef")
+    never_granted(rw, uuids[0], 1)
+    never_granted(rw, uuids[1], 1)
+    views_do_not_crash(rw)
+    assert rw.server.command("TYPE", rw.lock_key(uuids[0])) == "hash"
+    assert rw.server.command("TYPE", rw.lock_key(uuids[1])) == "set"
+
+
+def test_garbage_lease_record(rw):
+    uuids = rw.register("node-a", gpus=2)
+    holder = rw.hold("--gpus", "0")
+    record = rw.lease_key(holder.lease_id)
+    for damage in (("SET", record, "{not json \x00"),
+                   ("HSET", record, "record", '{"user": 5, "gpus": [[[', "user", "\x00\x01" * 50,
+                    "gpus", "[[[", "token", "abc", "started_at", "yesterday", "pid", "-7",
+                    "host", ""),
+                   ("HSET", record, "record", "[]", "token", "-1")):
+        rw.server.command("DEL", record)
+        rw.server.command(*damage)
+        result = views_do_not_crash(rw)
+        if result.returncode == 0:
+            assert rw.gpu_entry(json.loads(result.stdout), uuids[0])["state"] != "free"
+        result = rw.run_no_wait("--gpus", "0")
+        assert_no_crash(result, "run --gpus 0")
+        assert result.returncode != 0, "granted a leased GPU whose record is garbage"
+        assert rw.server.command("GET", rw.lock_key(uuids[0])) == holder.lease_id
+    assert holder.finish() == 0, holder.bg.describe()
+    wait_until(lambda: rw.run_no_wait("--gpus", "0").returncode == 0, timeout=HANG,
+               interval=0.2, what="GPU 0 to be free after its holder ended")
+
+
+def test_garbage_in_token_and_registry_keys(rw):
+    uuids = rw.register("node-a", gpus=2)
+    rw.register("node-b", gpus=2)
+    rw.server.command("SET", rw.key("token"), "not-a-number")
+    result = rw.run("run", "-n", "1", "--no-wait", "--", "env")
+    assert_no_crash(result, "run with a garbage token")
+    if result.returncode == 0:
+        assert re.fullmatch(r"[0-9]+", read_env_output(result.stdout)["GPULOCK_FENCING_TOKEN"])
+    else:
+        assert result.returncode == EX_UNAVAILABLE, result.stderr
+    rw.server.command("DEL", rw.key("token"))
+
+    for name, kind in (("hosts", "string"), ("queue", "string"), ("gpus:node-b", "string"),
+                       ("gpu:" + uuids[0], "list"), ("host:node-b", "string")):
+        key = rw.key(name)
+        rw.server.command("DEL", key)
+        if kind == "string":
+            rw.server.command("SET", key, b"\xff\x00garbage")
+        else:
+            rw.server.command("RPUSH", key, "garbage")
+    rw.server.command("SET", rw.key("zzz-unknown"), b"\x00\xff")
+    rw.server.command("SET", rw.key("lease:not-hex"), "x")
+    rw.server.command("SET", rw.key("ticket:0000000000000000"), "x")
+    for host in ("node-a", "node-b"):
+        views_do_not_crash(rw, host=host)
+        for args in (("run", "--no-wait", "--", "true"),
+                     ("run", "--host", "any", "--no-wait", "--", "true"),
+                     ("run", "--timeout", "1s", "--", "true")):
+            result = rw.run(*args, host=host)
+            assert_no_crash(result, " ".join(args))
