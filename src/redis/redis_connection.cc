@@ -97,6 +97,7 @@ std::unique_ptr<RedisConnection> RedisConnection::connect(const RedisEndpoint& e
   // Commands that gpulock runs must not inherit the connection.
   ::fcntl(context->fd, F_SETFD, ::fcntl(context->fd, F_GETFD) | FD_CLOEXEC);
   redisSetTimeout(context, to_timeval(timeout));
+  connection->timeout_ = timeout;
   redisEnableKeepAlive(context);
   if (!endpoint.password.empty()) {
     std::vector<std::string> auth{"AUTH"};
@@ -144,7 +145,22 @@ RedisValue RedisConnection::command(const std::vector<std::string>& args) {
   }
   void* reply =
       redisCommandArgv(context_, static_cast<int>(argv.size()), argv.data(), lengths.data());
-  return checked(reply, args.empty() ? "a command" : args.front());
+  const int error_number = errno;
+  const bool closed_by_server =
+      reply == nullptr &&
+      (context_->err == REDIS_ERR_EOF ||
+       (context_->err == REDIS_ERR_IO && (error_number == ECONNRESET || error_number == EPIPE)));
+  if (closed_by_server && used_) {
+    // A connection that sat idle (in a cache) was closed by the server meanwhile (a restart,
+    // its idle timeout, CLIENT KILL): the command never reached it. Connect again, once.
+    std::unique_ptr<RedisConnection> fresh = connect(endpoint_, timeout_);
+    std::swap(context_, fresh->context_);
+    used_ = false;
+    reply = redisCommandArgv(context_, static_cast<int>(argv.size()), argv.data(), lengths.data());
+  }
+  RedisValue value = checked(reply, args.empty() ? "a command" : args.front());
+  used_ = true;
+  return value;
 }
 
 RedisValue RedisConnection::run(const RedisScript& script, const std::vector<std::string>& keys,
@@ -190,6 +206,7 @@ void RedisConnection::abandon_after_fork() {
 }
 
 void RedisConnection::set_timeout(std::chrono::milliseconds timeout) {
+  timeout_ = timeout;
   redisSetTimeout(context_, to_timeval(timeout));
 }
 

@@ -2,7 +2,8 @@
 // pool's database, with replies copied into plain values and server-side scripts run by SHA.
 //
 // Every failure to reach or talk to the server throws Error(kEnvironment) (exit 69) naming the
-// endpoint with its password masked; the connection is then broken() and must be replaced.
+// endpoint with its password masked; the connection is then broken() and must be replaced. A
+// used connection that the server closed while it was idle is reconnected once, transparently.
 // Error replies from the server are values (RedisValue::Type::kError), not exceptions.
 // Not thread-safe: one connection per thread.
 #pragma once
@@ -72,7 +73,9 @@ class RedisConnection {
 
   redisContext* context_;
   RedisEndpoint endpoint_;
+  std::chrono::milliseconds timeout_{5000};
   bool broken_ = false;
+  bool used_ = false;  // a command has completed on it (it may have sat idle since)
 };
 
 // "message" from a reply: the error text of an error, else "".

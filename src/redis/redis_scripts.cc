@@ -35,6 +35,7 @@ namespace {
 
 const RedisScript kRegister{"register", GPULOCK_LUA_PRELUDE R"lua(
 local host = ARGV[1]
+own_key(P .. 'hosts', 'zset')
 redis.call('ZADD', P .. 'hosts', now_ms, host)
 own_key(P .. 'host:' .. host, 'hash')
 redis.call('HSET', P .. 'host:' .. host, 'info', ARGV[2], 'registered_at', now_ms)

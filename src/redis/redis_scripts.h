@@ -17,7 +17,8 @@ namespace gpulock::redis_scripts {
 // information changed. Returns 1 if it changed, else 0.
 extern const RedisScript kRegister;
 
-// ARGV: host ("" = every host): whose GPUs to list. Returns {version, server time ms, hosts, gpus, leases, tickets}:
+// ARGV: host ("" = every host): whose GPUs to list. Returns {version, server time ms, hosts, gpus,
+// leases, tickets}:
 //   hosts:   flat {name, registered_at ms, info}... (every host, whatever the filter)
 //   gpus:    flat {uuid, host, info, readings, readings_at ms, lock value, lock pttl}...
 //   leases:  flat {id, record, token, pttl}... for every lease holding a listed GPU

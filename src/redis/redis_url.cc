@@ -25,8 +25,8 @@ int parse_number(std::string_view text, int low, int high, const char* what) {
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < low ||
       value > high)
-    bad(fmt::format("{} '{}' is not a number from {} to {}", what, sanitize_for_display(text, 32),
-                    low, high));
+    // Not echoed: a URL missing "@host" puts the password here.
+    bad(fmt::format("{} is not a number from {} to {}", what, low, high));
   return value;
 }
 

@@ -3,7 +3,8 @@
 //   redis://[[user]:password@]host[:port][/db]     (port 6379, db 0 by default)
 //
 // The password can also come from GPULOCK_REDIS_PASSWORD or the config's redis_password_file, so
-// that it stays out of `ps` and shell histories. Every message shows the URL with the password masked.
+// that it stays out of `ps` and shell histories. Every message shows the URL with the password
+// masked.
 #pragma once
 
 #include <string>

@@ -85,8 +85,14 @@ PoolStatus RedisPool::status(bool whole_pool) {
   status.pool = settings_.pool;
   status.taken_at = std::chrono::system_clock::now();
   RedisConnectionLoan connection(*connections_);
-  const std::vector<Device> local = register_devices(*connection);
-  const Snapshot snap = snapshot(*connection, whole_pool ? "" : settings_.host, local);
+  std::vector<Device> local = register_devices(*connection);
+  Snapshot snap = snapshot(*connection, whole_pool ? "" : settings_.host, local);
+  if (std::none_of(snap.hosts.begin(), snap.hosts.end(),
+                   [&](const HostEntry& h) { return h.name == settings_.host; })) {
+    // Our registration is gone (the server restarted empty): register again.
+    local = register_devices(*connection, /*force=*/true);
+    snap = snapshot(*connection, whole_pool ? "" : settings_.host, local);
+  }
   status.warnings = snap.warnings;
   for (const Gpu& g : snap.gpus) status.gpus.push_back(describe(g, snap));
   // The queue is the pool's, whichever hosts are shown.

@@ -1,0 +1,708 @@
+// The Redis backend's Lua scripts (redis_scripts.h) run against a real redis-server, their
+// contract checked with independent plain commands (GET, HGETALL, PTTL, ...): all-or-nothing
+// acquire, compare-and-delete release, renew that never steals, fencing tokens that keep
+// increasing when the server loses its data, and garbage in keys that is never trusted and
+// never makes a script fail.
+#include "redis/redis_scripts.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gpulock/error.hpp"
+#include "redis/redis_connection.h"
+#include "redis_test_pool.h"
+#include "redis_test_server.h"
+
+namespace gpulock {
+namespace {
+
+using test_support::AcquireArgs;
+using test_support::RedisPoolKeys;
+using test_support::RedisTestServer;
+using test_support::TestUuid;
+using test_support::Texts;
+using Type = RedisValue::Type;
+
+class RedisScriptsTest : public ::testing::Test {
+ protected:
+  // -- independent reads, plain commands ------------------------------------------------------
+  RedisValue Cmd(const std::vector<std::string>& args) { return server_.command(args); }
+  // GET's value, "(nil)" for a missing key, "(error)" for a key of another type.
+  std::string Get(const std::string& key) {
+    const RedisValue v = Cmd({"GET", key});
+    if (v.is_nil()) return "(nil)";
+    if (v.is_error()) return "(error)";
+    return v.text;
+  }
+  long long Pttl(const std::string& key) { return Cmd({"PTTL", key}).integer; }
+  bool Exists(const std::string& key) { return Cmd({"EXISTS", key}).integer == 1; }
+  std::map<std::string, std::string> Hash(const std::string& key) {
+    std::map<std::string, std::string> out;
+    const RedisValue v = Cmd({"HGETALL", key});
+    for (std::size_t i = 0; i + 1 < v.elements.size(); i += 2)
+      out[v.elements[i].text] = v.elements[i + 1].text;
+    return out;
+  }
+  std::string Version() { return Get(keys_.version()); }
+  long long ServerMs() {
+    const RedisValue t = Cmd({"TIME"});
+    return std::stoll(t.elements[0].text) * 1000 + std::stoll(t.elements[1].text) / 1000;
+  }
+
+  // -- the scripts -----------------------------------------------------------------------------
+  RedisValue Register(const std::string& host, unsigned count) {
+    return test_support::RegisterHost(*conn_, keys_, host, count);
+  }
+  RedisValue Acquire(AcquireArgs args) { return test_support::RunAcquire(*conn_, keys_, args); }
+  // Acquire of `uuids` ("all") by `id` at the current version; the reply's texts.
+  std::vector<std::string> Take(const std::string& id, const std::vector<std::string>& uuids,
+                                long long ttl_ms = 60000) {
+    AcquireArgs a;
+    a.lease_id = id;
+    a.ttl_ms = ttl_ms;
+    a.expected_version = Version();
+    a.needed = static_cast<unsigned>(uuids.size());
+    a.candidates = uuids;
+    return Texts(Acquire(a));
+  }
+  RedisValue Release(const std::string& id, const std::vector<std::string>& uuids) {
+    std::vector<std::string> args{id};
+    args.insert(args.end(), uuids.begin(), uuids.end());
+    return conn_->run(redis_scripts::kRelease, {keys_.version()}, args);
+  }
+  std::vector<std::string> Renew(const std::string& id, long long ttl_ms, const std::string& token,
+                                 const std::vector<std::string>& uuids) {
+    std::vector<std::string> args{
+        id, std::to_string(ttl_ms), token, "{\"renewed\":true}", "tester", "h1"};
+    args.insert(args.end(), uuids.begin(), uuids.end());
+    return Texts(conn_->run(redis_scripts::kRenew, {keys_.version()}, args));
+  }
+  RedisValue Snapshot(const std::string& host = "") {
+    return conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {host});
+  }
+  RedisValue Enter(const std::string& ticket, long long ttl_ms = 60000) {
+    return conn_->run(redis_scripts::kEnter, {keys_.version()},
+                      {ticket, std::to_string(ttl_ms), "{\"body\":1}", "waiter"});
+  }
+  // The lock value the snapshot reports for `uuid` ("?" when not listed).
+  std::string SnapshotLock(const std::string& uuid) {
+    const RedisValue snap = Snapshot();
+    const auto& gpus = snap.elements.at(3).elements;
+    for (std::size_t i = 0; i + 6 < gpus.size(); i += 7)
+      if (gpus[i].text == uuid) return gpus[i + 5].text;
+    return "?";
+  }
+
+  std::string U(unsigned i) const { return TestUuid("h1", i); }
+
+  RedisTestServer server_;
+  std::unique_ptr<RedisConnection> conn_ = server_.connect();
+  RedisPoolKeys keys_{"t"};
+};
+
+TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
+  ASSERT_EQ(Register("h1", 2).integer, 1);
+  ASSERT_EQ(Register("h2", 1).integer, 1);
+  const auto token = Take("lease-a", {U(1)});
+  ASSERT_EQ(token.at(0), "ok");
+  ASSERT_EQ(Enter("ticket-1").integer, 1);
+
+  const long long before = ServerMs();
+  const RedisValue snap = Snapshot();
+  const long long after = ServerMs();
+  ASSERT_EQ(snap.type, Type::kArray);
+  ASSERT_EQ(snap.elements.size(), 6u);
+  // version, server time in ms
+  EXPECT_EQ(snap.elements[0].text, Version());
+  ASSERT_EQ(snap.elements[1].type, Type::kInteger);
+  EXPECT_GE(snap.elements[1].integer, before);
+  EXPECT_LE(snap.elements[1].integer, after);
+  // hosts: {name, registered_at, info}...
+  const auto hosts = Texts(snap.elements[2]);
+  ASSERT_EQ(hosts.size(), 6u);
+  std::set<std::string> names{hosts[0], hosts[3]};
+  EXPECT_EQ(names, (std::set<std::string>{"h1", "h2"}));
+  EXPECT_EQ(hosts[2], "{\"test\":true}");
+  EXPECT_GT(std::stoll(hosts[1]), before - 60000);
+  // gpus: {uuid, host, info, readings, read_at, lock, pttl}..., h1's two and h2's one.
+  const auto& gpus = snap.elements[3].elements;
+  ASSERT_EQ(gpus.size(), 21u);
+  std::map<std::string, std::size_t> at;
+  for (std::size_t i = 0; i < gpus.size(); i += 7) at[gpus[i].text] = i;
+  ASSERT_EQ(at.size(), 3u);
+  const std::size_t g0 = at.at(U(0)), g1 = at.at(U(1)), g2 = at.at(TestUuid("h2", 0));
+  EXPECT_EQ(gpus[g0 + 1].text, "h1");
+  EXPECT_EQ(gpus[g2 + 1].text, "h2");
+  EXPECT_EQ(gpus[g0 + 2].text, device_static_json(test_support::TestDevice("h1", 0)));
+  EXPECT_EQ(gpus[g0 + 3].text, device_readings_json(test_support::TestDevice("h1", 0)));
+  EXPECT_GT(std::stoll(gpus[g0 + 4].text), before - 60000);
+  EXPECT_EQ(gpus[g0 + 5].text, "");  // free
+  EXPECT_EQ(gpus[g0 + 6].integer, -2);
+  EXPECT_EQ(gpus[g1 + 5].text, "lease-a");
+  EXPECT_GT(gpus[g1 + 6].integer, 0);
+  EXPECT_LE(gpus[g1 + 6].integer, 60000);
+  // leases: {id, record, token, pttl}... for the leases holding listed GPUs.
+  const auto leases = Texts(snap.elements[4]);
+  ASSERT_EQ(leases.size(), 4u);
+  EXPECT_EQ(leases[0], "lease-a");
+  EXPECT_EQ(leases[1], "{}");
+  EXPECT_EQ(leases[2], token.at(1));
+  EXPECT_GT(std::stoll(leases[3]), 0);
+  // tickets: {id, seq, body, user, user last served}...
+  const auto tickets = Texts(snap.elements[5]);
+  ASSERT_EQ(tickets.size(), 5u);
+  EXPECT_EQ(tickets[0], "ticket-1");
+  EXPECT_EQ(tickets[1], "1");
+  EXPECT_EQ(tickets[2], "{\"body\":1}");
+  EXPECT_EQ(tickets[3], "waiter");
+  EXPECT_EQ(tickets[4], "");  // never served
+
+  // A host filter lists that host's GPUs only (the hosts and the queue are the pool's).
+  const RedisValue only_h2 = Snapshot("h2");
+  EXPECT_EQ(only_h2.elements[2].elements.size(), 6u);
+  EXPECT_EQ(only_h2.elements[3].elements.size(), 7u);
+  EXPECT_EQ(only_h2.elements[4].elements.size(), 0u);
+  EXPECT_EQ(only_h2.elements[5].elements.size(), 5u);
+}
+
+TEST_F(RedisScriptsTest, RegisterBumpsTheVersionOnlyWhenTheStaticInformationChanges) {
+  EXPECT_EQ(Version(), "(nil)");
+  EXPECT_EQ(Snapshot().elements.at(0).text, "0");  // no version yet reads as "0"
+  EXPECT_EQ(Register("h1", 2).integer, 1);
+  const std::string v1 = Version();
+  EXPECT_EQ(Register("h1", 2).integer, 0);
+  EXPECT_EQ(Version(), v1);
+  EXPECT_EQ(Cmd({"SMEMBERS", keys_.prefix() + "gpus:h1"}).elements.size(), 2u);
+  EXPECT_EQ(Hash(keys_.gpu(U(0)))["host"], "h1");
+  // One GPU fewer: it leaves the host's set and its hash goes.
+  EXPECT_EQ(Register("h1", 1).integer, 1);
+  EXPECT_NE(Version(), v1);
+  EXPECT_EQ(Cmd({"SMEMBERS", keys_.prefix() + "gpus:h1"}).elements.size(), 1u);
+  EXPECT_FALSE(Exists(keys_.gpu(U(1))));
+  EXPECT_TRUE(Exists(keys_.gpu(U(0))));
+  EXPECT_EQ(Cmd({"ZSCORE", keys_.hosts(), "h1"}).type, Type::kString);
+}
+
+TEST_F(RedisScriptsTest, AcquireAllTakesEveryCandidateOrNone) {
+  Register("h1", 4);
+  ASSERT_EQ(Cmd({"SET", keys_.lock(U(2)), "someone-else"}).text, "OK");
+  const std::string version = Version();
+  const std::string token_before = Get(keys_.token());
+
+  AcquireArgs a;
+  a.lease_id = "lease-all";
+  a.expected_version = version;
+  a.needed = 4;
+  a.candidates = {U(0), U(1), U(2), U(3)};
+  EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"busy"});
+  for (unsigned i : {0u, 1u, 3u}) EXPECT_FALSE(Exists(keys_.lock(U(i)))) << i;
+  EXPECT_EQ(Get(keys_.lock(U(2))), "someone-else");
+  EXPECT_FALSE(Exists(keys_.lease("lease-all")));
+  EXPECT_EQ(Get(keys_.token()), token_before);
+  EXPECT_EQ(Version(), version);
+
+  // "any" with more needed than are free: none either.
+  a.mode = "any";
+  EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"busy"});
+  for (unsigned i : {0u, 1u, 3u}) EXPECT_FALSE(Exists(keys_.lock(U(i)))) << i;
+
+  // Once it is free, all four at once.
+  Cmd({"DEL", keys_.lock(U(2))});
+  a.mode = "all";
+  const auto ok = Texts(Acquire(a));
+  ASSERT_EQ(ok.size(), 6u);
+  EXPECT_EQ(ok[0], "ok");
+  EXPECT_EQ(std::vector<std::string>(ok.begin() + 2, ok.end()),
+            (std::vector<std::string>{U(0), U(1), U(2), U(3)}));
+  for (unsigned i = 0; i < 4; ++i) EXPECT_EQ(Get(keys_.lock(U(i))), "lease-all");
+  EXPECT_NE(Version(), version);
+}
+
+TEST_F(RedisScriptsTest, AcquireAnyTakesTheFirstFreeCandidatesInOrder) {
+  Register("h1", 4);
+  Cmd({"SET", keys_.lock(U(3)), "x"});
+  AcquireArgs a;
+  a.lease_id = "lease-any";
+  a.expected_version = Version();
+  a.needed = 2;
+  a.mode = "any";
+  a.candidates = {U(3), U(1), U(0), U(2)};
+  const auto ok = Texts(Acquire(a));
+  ASSERT_EQ(ok.size(), 4u);
+  EXPECT_EQ(ok[0], "ok");
+  EXPECT_EQ(ok[2], U(1));
+  EXPECT_EQ(ok[3], U(0));
+  EXPECT_FALSE(Exists(keys_.lock(U(2))));
+  EXPECT_EQ(Hash(keys_.lease("lease-any"))["gpus"], U(1) + "," + U(0));
+}
+
+TEST_F(RedisScriptsTest, AcquireWritesTheLockTheLeaseAndTheServedMark) {
+  Register("h1", 2);
+  AcquireArgs a;
+  a.lease_id = "lease-w";
+  a.ttl_ms = 5000;
+  a.expected_version = Version();
+  a.record = "{\"lease_id\":\"lease-w\"}";
+  a.user = "alice";
+  a.host = "h1";
+  a.candidates = {U(0)};
+  const auto ok = Texts(Acquire(a));
+  ASSERT_EQ(ok.at(0), "ok");
+  EXPECT_EQ(Get(keys_.lock(U(0))), "lease-w");
+  EXPECT_GT(Pttl(keys_.lock(U(0))), 0);
+  EXPECT_LE(Pttl(keys_.lock(U(0))), 5000);
+  const auto lease = Hash(keys_.lease("lease-w"));
+  EXPECT_EQ(lease.at("record"), a.record);
+  EXPECT_EQ(lease.at("token"), ok[1]);
+  EXPECT_EQ(lease.at("gpus"), U(0));
+  EXPECT_EQ(lease.at("user"), "alice");
+  EXPECT_EQ(lease.at("host"), "h1");
+  EXPECT_GT(Pttl(keys_.lease("lease-w")), 0);
+  EXPECT_LE(Pttl(keys_.lease("lease-w")), 5000);
+  EXPECT_EQ(Get(keys_.token()), ok[1]);
+  EXPECT_NE(Get(keys_.prefix() + "served:alice"), "(nil)");
+  EXPECT_GT(Pttl(keys_.prefix() + "served:alice"), 29LL * 24 * 3600 * 1000);
+
+  // The same lease id cannot take more GPUs.
+  a.candidates = {U(1)};
+  a.expected_version = Version();
+  EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"busy"});
+  EXPECT_FALSE(Exists(keys_.lock(U(1))));
+}
+
+TEST_F(RedisScriptsTest, AGpuThatIsNotRegisteredIsNeverTaken) {
+  Register("h1", 1);
+  AcquireArgs a;
+  a.lease_id = "lease-u";
+  a.expected_version = Version();
+  a.candidates = {TestUuid("nowhere", 0)};
+  EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"busy"});
+  EXPECT_FALSE(Exists(keys_.lock(TestUuid("nowhere", 0))));
+  // "any" skips it for a registered one.
+  a.mode = "any";
+  a.candidates = {TestUuid("nowhere", 0), U(0)};
+  const auto ok = Texts(Acquire(a));
+  ASSERT_EQ(ok.size(), 3u);
+  EXPECT_EQ(ok[2], U(0));
+}
+
+TEST_F(RedisScriptsTest, AcquireWithAStaleVersionIsRefused) {
+  Register("h1", 2);
+  const std::string version = Version();
+  AcquireArgs a;
+  a.lease_id = "lease-s";
+  a.expected_version = std::to_string(std::stoll(version) + 1);
+  a.candidates = {U(0)};
+  EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"stale"});
+  a.expected_version = "not-a-version";
+  EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"stale"});
+  EXPECT_FALSE(Exists(keys_.lock(U(0))));
+  EXPECT_EQ(Version(), version);
+  // Another acquire moves the version: the old one is stale now.
+  ASSERT_EQ(Take("other", {U(1)}).at(0), "ok");
+  a.expected_version = version;
+  EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"stale"});
+  EXPECT_FALSE(Exists(keys_.lock(U(0))));
+}
+
+TEST_F(RedisScriptsTest, AMissingVersionKeyReadsAsZero) {
+  Register("h1", 1);
+  Cmd({"DEL", keys_.version()});
+  AcquireArgs a;
+  a.lease_id = "lease-0";
+  a.expected_version = "1";
+  a.candidates = {U(0)};
+  EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"stale"});
+  a.expected_version = "0";
+  EXPECT_EQ(Texts(Acquire(a)).at(0), "ok");
+  EXPECT_EQ(Version(), "1");
+}
+
+TEST_F(RedisScriptsTest, AcquireWithoutAVersionDefersToALiveTicket) {
+  Register("h1", 2);
+  Cmd({"ZADD", keys_.queue(), "1", "waiting"});
+  Cmd({"HSET", keys_.ticket("waiting"), "body", "{}", "user", "w"});
+  Cmd({"PEXPIRE", keys_.ticket("waiting"), "60000"});
+  AcquireArgs a;
+  a.lease_id = "lease-q";
+  a.expected_version = "";
+  a.candidates = {U(0)};
+  EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"queue"});
+  EXPECT_FALSE(Exists(keys_.lock(U(0))));
+  EXPECT_EQ(Cmd({"ZSCORE", keys_.queue(), "waiting"}).type, Type::kString);
+
+  // A member whose ticket expired (a dead waiter) does not count, and leaves the queue.
+  Cmd({"DEL", keys_.ticket("waiting")});
+  const auto ok = Texts(Acquire(a));
+  EXPECT_EQ(ok.at(0), "ok");
+  EXPECT_TRUE(Cmd({"ZSCORE", keys_.queue(), "waiting"}).is_nil());
+}
+
+TEST_F(RedisScriptsTest, AcquireForATicketRemovesItFromTheQueue) {
+  Register("h1", 1);
+  ASSERT_EQ(Enter("tk").integer, 1);
+  EXPECT_TRUE(Exists(keys_.ticket("tk")));
+  AcquireArgs a;
+  a.lease_id = "lease-t";
+  a.expected_version = Version();
+  a.ticket = "tk";
+  a.candidates = {U(0)};
+  EXPECT_EQ(Texts(Acquire(a)).at(0), "ok");
+  EXPECT_FALSE(Exists(keys_.ticket("tk")));
+  EXPECT_TRUE(Cmd({"ZSCORE", keys_.queue(), "tk"}).is_nil());
+}
+
+TEST_F(RedisScriptsTest, EnterAndLeaveTheQueue) {
+  EXPECT_EQ(Enter("a").integer, 1);
+  EXPECT_EQ(Enter("b", 5000).integer, 2);
+  EXPECT_EQ(Cmd({"ZSCORE", keys_.queue(), "b"}).text, "2");
+  EXPECT_EQ(Hash(keys_.ticket("b"))["user"], "waiter");
+  EXPECT_GT(Pttl(keys_.ticket("b")), 0);
+  EXPECT_LE(Pttl(keys_.ticket("b")), 5000);
+  const std::string version = Version();
+  conn_->run(redis_scripts::kLeave, {keys_.version()}, {"a"});
+  EXPECT_TRUE(Cmd({"ZSCORE", keys_.queue(), "a"}).is_nil());
+  EXPECT_FALSE(Exists(keys_.ticket("a")));
+  EXPECT_NE(Version(), version);
+  // Leaving twice is harmless.
+  EXPECT_NO_THROW(conn_->run(redis_scripts::kLeave, {keys_.version()}, {"a"}));
+}
+
+TEST_F(RedisScriptsTest, SnapshotDropsTicketsThatExpired) {
+  Enter("alive");
+  Cmd({"ZADD", keys_.queue(), "7", "dead"});  // its ticket hash is gone
+  const std::string version = Version();
+  const auto tickets = Texts(Snapshot().elements.at(5));
+  ASSERT_EQ(tickets.size(), 5u);
+  EXPECT_EQ(tickets[0], "alive");
+  EXPECT_TRUE(Cmd({"ZSCORE", keys_.queue(), "dead"}).is_nil());
+  EXPECT_NE(Version(), version);
+}
+
+TEST_F(RedisScriptsTest, ReleaseIsCompareAndDelete) {
+  Register("h1", 2);
+  ASSERT_EQ(Take("lease-r", {U(0), U(1)}).at(0), "ok");
+  // GPU 1's lock went to another lease (as after an expiry).
+  Cmd({"SET", keys_.lock(U(1)), "lease-other", "PX", "60000"});
+  const std::string version = Version();
+  const RedisValue released = Release("lease-r", {U(0), U(1)});
+  EXPECT_EQ(released.integer, 1);
+  EXPECT_FALSE(Exists(keys_.lock(U(0))));
+  EXPECT_EQ(Get(keys_.lock(U(1))), "lease-other");
+  EXPECT_FALSE(Exists(keys_.lease("lease-r")));
+  EXPECT_EQ(Get(keys_.ended("lease-r")), "1");
+  // Two of the lease's TTLs (Take() leases for 60 s): long enough for any renewal to see it.
+  EXPECT_GT(Pttl(keys_.ended("lease-r")), 60000);
+  EXPECT_LE(Pttl(keys_.ended("lease-r")), 120000);
+  EXPECT_NE(Version(), version);
+
+  // Releasing again changes nothing and says so.
+  const std::string after = Version();
+  EXPECT_EQ(Release("lease-r", {U(0), U(1)}).integer, 0);
+  EXPECT_EQ(Get(keys_.lock(U(1))), "lease-other");
+  EXPECT_EQ(Version(), after);
+  // Releasing a lease that never existed too.
+  EXPECT_EQ(Release("never", {U(1)}).integer, 0);
+  EXPECT_EQ(Get(keys_.lock(U(1))), "lease-other");
+}
+
+TEST_F(RedisScriptsTest, ReleaseWithoutUuidsUsesTheLeaseRecord) {
+  Register("h1", 3);
+  ASSERT_EQ(Take("lease-c", {U(1), U(2)}).at(0), "ok");
+  EXPECT_EQ(Release("lease-c", {}).integer, 2);
+  EXPECT_FALSE(Exists(keys_.lock(U(1))));
+  EXPECT_FALSE(Exists(keys_.lock(U(2))));
+  EXPECT_EQ(Release("lease-c", {}).integer, 0);
+}
+
+TEST_F(RedisScriptsTest, ScriptsPublishEvents) {
+  Register("h1", 1);
+  auto subscriber = server_.connect();
+  subscriber->subscribe(keys_.events());
+  ASSERT_EQ(Take("lease-e", {U(0)}).at(0), "ok");
+  EXPECT_EQ(subscriber->next_message(std::chrono::seconds(10)), "acquire");
+  Release("lease-e", {U(0)});
+  EXPECT_EQ(subscriber->next_message(std::chrono::seconds(10)), "release");
+  Enter("tk");
+  EXPECT_EQ(subscriber->next_message(std::chrono::seconds(10)), "enter");
+}
+
+TEST_F(RedisScriptsTest, RenewExtendsTheTtl) {
+  Register("h1", 2);
+  const auto ok = Take("lease-n", {U(0), U(1)}, 3000);
+  ASSERT_EQ(ok.at(0), "ok");
+  ASSERT_LE(Pttl(keys_.lock(U(0))), 3000);
+  const std::string version = Version();
+  EXPECT_EQ(Renew("lease-n", 600000, ok[1], {U(0), U(1)}), std::vector<std::string>{"ok"});
+  for (unsigned i = 0; i < 2; ++i) {
+    EXPECT_GT(Pttl(keys_.lock(U(i))), 500000) << i;
+    EXPECT_EQ(Get(keys_.lock(U(i))), "lease-n");
+  }
+  EXPECT_GT(Pttl(keys_.lease("lease-n")), 500000);
+  EXPECT_EQ(Hash(keys_.lease("lease-n"))["record"], "{\"renewed\":true}");
+  EXPECT_EQ(Version(), version);  // a plain renewal changes nothing others plan on
+}
+
+TEST_F(RedisScriptsTest, RenewRestoresTheKeysAfterTheServerLostThem) {
+  Register("h1", 2);
+  const auto ok = Take("lease-f", {U(0), U(1)});
+  ASSERT_EQ(ok.at(0), "ok");
+  ASSERT_EQ(Cmd({"FLUSHALL"}).text, "OK");
+  EXPECT_EQ(Renew("lease-f", 20000, ok[1], {U(0), U(1)}), std::vector<std::string>{"restored"});
+  for (unsigned i = 0; i < 2; ++i) {
+    EXPECT_EQ(Get(keys_.lock(U(i))), "lease-f") << i;
+    EXPECT_GT(Pttl(keys_.lock(U(i))), 0) << i;
+    EXPECT_LE(Pttl(keys_.lock(U(i))), 20000) << i;
+  }
+  const auto lease = Hash(keys_.lease("lease-f"));
+  EXPECT_EQ(lease.at("token"), ok[1]);
+  EXPECT_EQ(lease.at("gpus"), U(0) + "," + U(1));
+  EXPECT_GT(Pttl(keys_.lease("lease-f")), 0);
+  EXPECT_EQ(Get(keys_.token()), ok[1]);
+  EXPECT_NE(Version(), "(nil)");
+  // The next renewal finds everything in place.
+  EXPECT_EQ(Renew("lease-f", 20000, ok[1], {U(0), U(1)}), std::vector<std::string>{"ok"});
+}
+
+TEST_F(RedisScriptsTest, RenewReportsLostWhenAnotherLeaseHoldsAGpuAndStealsNothing) {
+  Register("h1", 2);
+  const auto ok = Take("lease-l", {U(0), U(1)}, 4000);
+  ASSERT_EQ(ok.at(0), "ok");
+  Cmd({"SET", keys_.lock(U(1)), "lease-thief"});
+  EXPECT_EQ(Renew("lease-l", 600000, ok[1], {U(0), U(1)}),
+            (std::vector<std::string>{"lost", U(1), "lease-thief"}));
+  EXPECT_EQ(Get(keys_.lock(U(1))), "lease-thief");
+  EXPECT_EQ(Pttl(keys_.lock(U(1))), -1);
+  // Nothing was extended either.
+  EXPECT_LE(Pttl(keys_.lock(U(0))), 4000);
+  EXPECT_LE(Pttl(keys_.lease("lease-l")), 4000);
+
+  // Also when the lost GPU's lock is the only one left (the others expired).
+  Cmd({"DEL", keys_.lock(U(0))});
+  EXPECT_EQ(Renew("lease-l", 600000, ok[1], {U(0), U(1)}).at(0), "lost");
+  EXPECT_FALSE(Exists(keys_.lock(U(0))));
+}
+
+TEST_F(RedisScriptsTest, RenewAfterAReleaseReportsReleasedAndRestoresNothing) {
+  Register("h1", 2);
+  const auto ok = Take("lease-x", {U(0), U(1)});
+  ASSERT_EQ(ok.at(0), "ok");
+  EXPECT_EQ(Release("lease-x", {}).integer, 2);
+  EXPECT_EQ(Renew("lease-x", 60000, ok[1], {U(0), U(1)}),
+            (std::vector<std::string>{"lost", "", "released"}));
+  EXPECT_FALSE(Exists(keys_.lock(U(0))));
+  EXPECT_FALSE(Exists(keys_.lock(U(1))));
+  EXPECT_FALSE(Exists(keys_.lease("lease-x")));
+}
+
+TEST_F(RedisScriptsTest, RenewRaisesTheTokenCounterToItsOwnToken) {
+  Register("h1", 1);
+  const auto ok = Take("lease-k", {U(0)});
+  ASSERT_EQ(ok.at(0), "ok");
+  Cmd({"SET", keys_.token(), "5"});
+  EXPECT_EQ(Renew("lease-k", 60000, ok[1], {U(0)}).at(0), "ok");
+  EXPECT_EQ(Get(keys_.token()), ok[1]);
+  // A counter above the lease's token is left alone.
+  const std::string higher = std::to_string(std::stoull(ok[1]) + 1000);
+  Cmd({"SET", keys_.token(), higher});
+  EXPECT_EQ(Renew("lease-k", 60000, ok[1], {U(0)}).at(0), "ok");
+  EXPECT_EQ(Get(keys_.token()), higher);
+  // A counter that is garbage is replaced.
+  Cmd({"DEL", keys_.token()});
+  Cmd({"HSET", keys_.token(), "a", "b"});
+  EXPECT_EQ(Renew("lease-k", 60000, ok[1], {U(0)}).at(0), "ok");
+  EXPECT_EQ(Get(keys_.token()), ok[1]);
+}
+
+TEST_F(RedisScriptsTest, FencingTokensStrictlyIncrease) {
+  Register("h1", 2);
+  std::uint64_t last = 0;
+  for (int i = 0; i < 60; ++i) {
+    const std::string id = "lease-" + std::to_string(i);
+    const auto ok = Take(id, {U(i % 2)});
+    ASSERT_EQ(ok.at(0), "ok") << i;
+    const std::uint64_t token = std::stoull(ok[1]);
+    EXPECT_GT(token, last) << i;
+    EXPECT_EQ(Get(keys_.token()), ok[1]);
+    last = token;
+    if (i % 3 != 0)
+      ASSERT_EQ(Release(id, {}).integer, 1);
+    else
+      Cmd({"DEL", keys_.lock(U(i % 2))});  // as if it expired
+  }
+}
+
+TEST_F(RedisScriptsTest, FencingTokensKeepIncreasingWhenTheServerLosesItsData) {
+  Register("h1", 1);
+  unsigned long long highest = 0;
+  for (int i = 0; i < 20; ++i) {
+    const auto ok = Take("before-" + std::to_string(i), {U(0)});
+    ASSERT_EQ(ok.at(0), "ok");
+    highest = std::max(highest, std::stoull(ok[1]));
+    Release("before-" + std::to_string(i), {});
+  }
+  // FLUSHALL: the token counter is gone.
+  ASSERT_EQ(Cmd({"FLUSHALL"}).text, "OK");
+  ASSERT_EQ(Get(keys_.token()), "(nil)");
+  Register("h1", 1);
+  const auto flushed = Take("after-flush", {U(0)});
+  ASSERT_EQ(flushed.at(0), "ok");
+  EXPECT_GT(std::stoull(flushed[1]), highest);
+  highest = std::stoull(flushed[1]);
+
+  // A restart without persistence: everything is gone, scripts included.
+  server_.restart();
+  conn_ = server_.connect();
+  ASSERT_EQ(Get(keys_.token()), "(nil)");
+  Register("h1", 1);
+  const auto restarted = Take("after-restart", {U(0)});
+  ASSERT_EQ(restarted.at(0), "ok");
+  EXPECT_GT(std::stoull(restarted[1]), highest);
+}
+
+TEST_F(RedisScriptsTest, ATokenCounterHoldingGarbageDoesNotStopAcquire) {
+  Register("h1", 2);
+  const auto first = Take("lease-1", {U(0)});
+  ASSERT_EQ(first.at(0), "ok");
+  Cmd({"DEL", keys_.token()});
+  Cmd({"HSET", keys_.token(), "x", "y"});
+  const auto second = Take("lease-2", {U(1)});
+  ASSERT_EQ(second.at(0), "ok");
+  EXPECT_GT(std::stoull(second[1]), std::stoull(first[1]));
+  EXPECT_EQ(Get(keys_.token()), second[1]);
+  Cmd({"SET", keys_.token(), "not a number"});
+  Release("lease-1", {});
+  const auto third = Take("lease-3", {U(0)});
+  ASSERT_EQ(third.at(0), "ok");
+  EXPECT_GT(std::stoull(third[1]), std::stoull(second[1]));
+}
+
+TEST_F(RedisScriptsTest, ALockKeyHoldingAHashIsGarbageAndNeverFree) {
+  Register("h1", 2);
+  Cmd({"HSET", keys_.lock(U(0)), "not", "a lease"});
+  EXPECT_EQ(SnapshotLock(U(0)), "!garbage");
+  EXPECT_EQ(SnapshotLock(U(1)), "");
+  AcquireArgs a;
+  a.lease_id = "lease-g";
+  a.expected_version = Version();
+  a.candidates = {U(0)};
+  EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"busy"});
+  a.mode = "any";
+  a.candidates = {U(0), U(1)};
+  const auto ok = Texts(Acquire(a));
+  ASSERT_EQ(ok.size(), 3u);
+  EXPECT_EQ(ok[2], U(1));
+  EXPECT_EQ(Cmd({"TYPE", keys_.lock(U(0))}).text, "hash");
+  // Release and renew of a lease naming it leave it alone, and renew calls the lease lost.
+  EXPECT_EQ(Release("lease-g", {U(0), U(1)}).integer, 1);
+  EXPECT_EQ(Cmd({"TYPE", keys_.lock(U(0))}).text, "hash");
+  EXPECT_EQ(Renew("lease-h", 60000, "1", {U(0)}),
+            (std::vector<std::string>{"lost", U(0), "!garbage"}));
+  EXPECT_EQ(Cmd({"TYPE", keys_.lock(U(0))}).text, "hash");
+}
+
+TEST_F(RedisScriptsTest, ALockKeyHoldingANonLeaseStringIsNeverFree) {
+  Register("h1", 2);
+  Cmd({"SET", keys_.lock(U(0)), "hello world"});
+  // The script reports the raw value; the client (RedisPool) treats it as garbage.
+  EXPECT_EQ(SnapshotLock(U(0)), "hello world");
+  AcquireArgs a;
+  a.lease_id = "lease-s";
+  a.expected_version = Version();
+  a.candidates = {U(0)};
+  EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"busy"});
+  EXPECT_EQ(Get(keys_.lock(U(0))), "hello world");
+  EXPECT_EQ(Release("lease-s", {U(0)}).integer, 0);
+  EXPECT_EQ(Get(keys_.lock(U(0))), "hello world");
+}
+
+TEST_F(RedisScriptsTest, AGarbageQueueOrTicketDoesNotMakeScriptsFail) {
+  Register("h1", 2);
+  // The queue key is a string.
+  Cmd({"SET", keys_.queue(), "junk"});
+  EXPECT_NO_THROW(Snapshot());
+  AcquireArgs a;
+  a.lease_id = "lease-1";
+  a.expected_version = "";
+  a.candidates = {U(0)};
+  std::vector<std::string> reply;
+  EXPECT_NO_THROW(reply = Texts(Acquire(a)));
+  EXPECT_EQ(reply.at(0), "ok");
+  // Entering replaces the garbage with a queue.
+  EXPECT_NO_THROW(Enter("tk"));
+  EXPECT_EQ(Cmd({"TYPE", keys_.queue()}).text, "zset");
+  conn_->run(redis_scripts::kLeave, {keys_.version()}, {"tk"});
+
+  // A queue member whose ticket is a string, another whose ticket is a list.
+  Cmd({"ZADD", keys_.queue(), "1", "bad-1", "2", "bad-2"});
+  Cmd({"SET", keys_.ticket("bad-1"), "junk"});
+  Cmd({"RPUSH", keys_.ticket("bad-2"), "junk"});
+  RedisValue snap;
+  EXPECT_NO_THROW(snap = Snapshot());
+  const auto tickets = Texts(snap.elements.at(5));
+  ASSERT_EQ(tickets.size(), 10u);
+  EXPECT_EQ(tickets[2], "");  // no body: the client ignores the entry
+  EXPECT_EQ(tickets[7], "");
+  a.lease_id = "lease-2";
+  a.expected_version = Version();
+  a.candidates = {U(1)};
+  EXPECT_NO_THROW(reply = Texts(Acquire(a)));
+  EXPECT_EQ(reply.at(0), "ok");
+  // A ticket key that is garbage is replaced by Enter.
+  Cmd({"SET", keys_.ticket("bad-3"), "junk"});
+  EXPECT_NO_THROW(Enter("bad-3"));
+  EXPECT_EQ(Cmd({"TYPE", keys_.ticket("bad-3")}).text, "hash");
+  // A garbage served mark, queue counter and version.
+  Cmd({"HSET", keys_.prefix() + "served:waiter", "a", "b"});
+  Cmd({"HSET", keys_.prefix() + "queue_seq", "a", "b"});
+  EXPECT_NO_THROW(Snapshot());
+  EXPECT_NO_THROW(Enter("next"));
+  Cmd({"DEL", keys_.version()});
+  Cmd({"RPUSH", keys_.version(), "junk"});
+  EXPECT_NO_THROW(snap = Snapshot());
+  EXPECT_EQ(snap.elements.at(0).text, "!garbage");
+  Release("lease-1", {});
+  EXPECT_EQ(Get(keys_.version()), "1");  // the bump replaced it
+}
+
+TEST_F(RedisScriptsTest, GarbageInHostAndGpuKeysDoesNotMakeScriptsFail) {
+  Register("h1", 2);
+  Cmd({"SET", keys_.prefix() + "host:h1", "junk"});
+  Cmd({"SET", keys_.prefix() + "gpus:h1", "junk"});
+  Cmd({"SET", keys_.gpu(U(0)), "junk"});
+  RedisValue snap;
+  EXPECT_NO_THROW(snap = Snapshot());
+  EXPECT_NO_THROW(Register("h1", 2));
+  EXPECT_EQ(Cmd({"TYPE", keys_.gpu(U(0))}).text, "hash");
+  EXPECT_EQ(Cmd({"TYPE", keys_.prefix() + "gpus:h1"}).text, "set");
+  EXPECT_NO_THROW(snap = Snapshot());
+  EXPECT_EQ(snap.elements.at(3).elements.size(), 14u);
+  // A lease hash that is garbage: the snapshot shows it empty.
+  ASSERT_EQ(Take("lease-gl", {U(0)}).at(0), "ok");
+  Cmd({"DEL", keys_.lease("lease-gl")});
+  Cmd({"SET", keys_.lease("lease-gl"), "junk"});
+  EXPECT_NO_THROW(snap = Snapshot());
+  const auto leases = Texts(snap.elements.at(4));
+  ASSERT_EQ(leases.size(), 4u);
+  EXPECT_EQ(leases[1], "");
+  // Renew replaces it with a hash again.
+  EXPECT_EQ(Renew("lease-gl", 60000, "1", {U(0)}).at(0), "restored");
+  EXPECT_EQ(Cmd({"TYPE", keys_.lease("lease-gl")}).text, "hash");
+}
+
+// A `hosts` key holding garbage (as anyone with write access to the prefix can leave) must not
+// make register fail, or every acquire and status of every host would: register replaces it,
+// as it does for host:<H>, gpus:<H> and gpu:<UUID>.
+TEST_F(RedisScriptsTest, AGarbageHostsKeyDoesNotMakeRegisterFail) {
+  Cmd({"SET", keys_.hosts(), "junk"});
+  EXPECT_NO_THROW(Register("h1", 1));
+  EXPECT_EQ(Cmd({"TYPE", keys_.hosts()}).text, "zset");
+}
+
+}  // namespace
+}  // namespace gpulock
