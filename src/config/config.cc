@@ -112,9 +112,20 @@ class ConfigReader {
         }
       } else if (key == "pool") {
         config.pool = read_text(node, "'pool'");
+        const bool valid = config.pool.size() <= 128 &&
+                           std::all_of(config.pool.begin(), config.pool.end(), [](char c) {
+                             return std::isalnum(static_cast<unsigned char>(c)) || c == '-' ||
+                                    c == '_' || c == '.';
+                           });
+        if (!valid)
+          fail_at(node.source(), "'pool' must be 1 to 128 letters, digits, '-', '_' or '.'");
       } else if (key == "lease_ttl") {
+        // "30s", "2m", or a number of seconds.
+        const auto* seconds = node.as_integer();
+        const std::string text = seconds ? std::to_string(seconds->get()) + "s"
+                                         : read_text(node, "'lease_ttl' (\"30s\" or seconds)");
         try {
-          config.lease_ttl = parse_lease_ttl(read_text(node, "'lease_ttl'"));
+          config.lease_ttl = parse_lease_ttl(text);
         } catch (const Error& error) {
           fail_at(node.source(), fmt::format("'lease_ttl': {}", error.what()));
         }

@@ -226,6 +226,39 @@ TEST(ConfigParseTest, InvalidUtf8AndNulBytesAreErrors) {
   EXPECT_TRUE(StartsWith(ConfigError(std::string("# \0 comment\n", 12)), "test.toml:1:"));
 }
 
+// --- parse_config: the Redis backend's keys ---------------------------------------------------
+
+TEST(ConfigParseTest, RedisBackendKeys) {
+  const Config config = parse_config(
+      "backend = \"redis://gpulock@hub:6380/2\"\npool = \"lab-1\"\nlease_ttl = \"45s\"\n"
+      "redis_password_file = \"/etc/gpulock/redis.password\"\n",
+      "test.toml");
+  EXPECT_EQ(config.backend, "redis://gpulock@hub:6380/2");
+  EXPECT_EQ(config.pool, "lab-1");
+  EXPECT_EQ(config.lease_ttl, std::chrono::milliseconds(45000));
+  EXPECT_EQ(config.redis_password_file, "/etc/gpulock/redis.password");
+  EXPECT_EQ(parse_config("backend = \"file\"\n", "test.toml").backend, "file");
+}
+
+TEST(ConfigParseTest, BadRedisBackendValuesAreLocatedErrors) {
+  EXPECT_TRUE(StartsWith(ConfigError("backend = \"http://hub\"\n"), "test.toml:1: 'backend'"));
+  EXPECT_TRUE(
+      StartsWith(ConfigError("\nbackend = \"redis://hub:0/0\"\n"), "test.toml:2: 'backend'"));
+  EXPECT_TRUE(StartsWith(ConfigError("backend = 6379\n"), "test.toml:1: 'backend' must be"));
+  EXPECT_TRUE(StartsWith(ConfigError("pool = \"a b\"\n"), "test.toml:1: 'pool'"));
+  EXPECT_TRUE(StartsWith(ConfigError("pool = \"{x}\"\n"), "test.toml:1: 'pool'"));
+  EXPECT_TRUE(StartsWith(ConfigError("pool = \"\"\n"), "test.toml:1: 'pool'"));
+  EXPECT_TRUE(StartsWith(ConfigError("lease_ttl = \"100ms\"\n"), "test.toml:1: 'lease_ttl'"));
+  EXPECT_TRUE(StartsWith(ConfigError("lease_ttl = \"2d\"\n"), "test.toml:1: 'lease_ttl'"));
+  EXPECT_TRUE(StartsWith(ConfigError("lease_ttl = \"soon\"\n"), "test.toml:1: 'lease_ttl'"));
+  EXPECT_TRUE(StartsWith(ConfigError("lease_ttl = true\n"), "test.toml:1: 'lease_ttl'"));
+  EXPECT_TRUE(StartsWith(ConfigError("lease_ttl = 0\n"), "test.toml:1: 'lease_ttl'"));
+  EXPECT_EQ(parse_config("lease_ttl = 30\n", "test.toml").lease_ttl,
+            std::chrono::milliseconds(30000));
+  EXPECT_TRUE(StartsWith(ConfigError("redis_password_file = [\"x\"]\n"),
+                         "test.toml:1: 'redis_password_file' must be"));
+}
+
 // --- parse_config: unknown keys ------------------------------------------------------------
 
 TEST(ConfigParseTest, UnknownTopLevelKeyIsNamedWithItsLine) {
@@ -235,7 +268,7 @@ TEST(ConfigParseTest, UnknownTopLevelKeyIsNamedWithItsLine) {
 }
 
 TEST(ConfigParseTest, UnknownTopLevelTableIsNamedWithItsLine) {
-  // [redis] is reserved for a later version: until then it is an unknown key like any other.
+  // The Redis backend's settings are top-level keys; a [redis] table is unknown.
   EXPECT_EQ(ConfigError("policy = \"fifo\"\n\n[redis]\nurl = \"redis://localhost\"\n"),
             "test.toml:3: unknown key 'redis' (known: policy, exclude_gpus, limits, backend, pool, "
             "lease_ttl, redis_password_file)");
