@@ -428,30 +428,13 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
         if (record && record->lease_id == *request.enclosing_lease_id)
           own.push_back(d->display_index());
       }
-      if (candidates.size() - own.size() < needed) {
-        throw Error(ErrorCode::kUnsatisfiable,
-                    fmt::format("{} GPU{} requested, but GPU {} {} held by the lease this "
-                                "process runs under ({}, GPULOCK_LEASE_ID), which cannot end "
-                                "while it waits; use those GPUs, or run outside that lease",
-                                needed, needed == 1 ? "" : "s", fmt::join(own, ", "),
-                                own.size() == 1 ? "is" : "are", *request.enclosing_lease_id));
-      }
+      check_enclosing_lease(own, candidates.size(), needed, *request.enclosing_lease_id);
     }
     const Placement& mine = snapshot.plan.of(me);
     const std::string blocked_by = snapshot.blocked_by(me, config);
     const int position = static_cast<int>(snapshot.plan.position_of[me]) + 1;
-    if (!request.wait || Clock::now() >= deadline) {
-      std::string why = request.wait ? "no GPU became available within the timeout"
-                                     : "the requested GPUs are not free now";
-      if (mine.standing == QueueStanding::kOverGpuLimit ||
-          mine.standing == QueueStanding::kOverWaitingLimit)
-        why += ": " + blocked_by;
-      for (const auto& b : blocking) why += "\n  GPU " + b.display_index + ": " + b.reason;
-      if (request.wait)
-        why +=
-            fmt::format("\n  (position {} of {} in the queue)", position, snapshot.tickets.size());
-      throw Error(ErrorCode::kTimedOut, why);
-    }
+    if (!request.wait || Clock::now() >= deadline)
+      throw not_served(snapshot, me, request.wait, blocking, blocked_by);
     if (hooks.on_progress) {
       const std::string signature = fmt::format("{}\n{}", position, blocked_by);
       if (signature != last_progress || hooks.progress_refresh) {

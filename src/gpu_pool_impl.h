@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gpulock/config.hpp"
+#include "gpulock/error.hpp"
 #include "gpulock/gpu_pool.hpp"
 #include "local/holder_record.h"
 #include "local/lock_directory.h"
@@ -37,9 +38,15 @@ Ticket ticket_for_request(const LeaseRequest& request, std::size_t needed, const
 // A ticket as the planner sees it (without health and fair-share history).
 PlanRequest plan_request_for(const Ticket& ticket, const Config& config);
 
+// Throws kUnsatisfiable when the GPUs `own` (display names), held by the lease the caller runs
+// under, leave fewer than `needed` of its `candidates`: waiting for them would never end.
+void check_enclosing_lease(const std::vector<std::string>& own, std::size_t candidates,
+                           std::size_t needed, const std::string& lease_id);
+
 // Holders as `gpulock status` shows them; whether a process is covered by a lease (the holder,
 // a member, or a descendant of either), for telling foreign processes apart.
-HolderInfo holder_info(const HolderRecord& record);
+// `on_this_host`: whether the holder process can be checked here (else holder_alive is false).
+HolderInfo holder_info(const HolderRecord& record, bool on_this_host = true);
 bool covered_by(unsigned pid, const HolderRecord& record);
 
 // The queue planned from the files: the tickets (the plan's requests, in the same order), the
@@ -63,6 +70,11 @@ struct QueueSnapshot {
   // The queue entry at `position` of the plan's order, as `gpulock queue` shows it.
   QueueEntry entry_at(std::size_t position, const Config& config) const;
 };
+
+// kTimedOut for a request that is not served now (no wait) or was not within its timeout, with
+// why: its standing, each blocking GPU, its place in the queue.
+Error not_served(const QueueSnapshot& snapshot, std::size_t me, bool waited,
+                 const std::vector<BlockingGpu>& blocking, const std::string& blocked_by);
 
 class GpuPool::Impl {
  public:

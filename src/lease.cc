@@ -17,12 +17,11 @@ Lease::Impl::~Impl() {
 }
 
 void Lease::Impl::write_records() {
-  std::string bytes = serialize_holder_record(record);
   if (keeper) {
-    bytes.erase(bytes.find_last_not_of(' ') + 1);  // the padding is for lock files only
-    keeper->update_record(bytes);
+    keeper->update_record(holder_record_json(record));
     return;
   }
+  const std::string bytes = serialize_holder_record(record);
   for (const auto& fd : fds) {
     // A lock file with other hard links may be someone's file too: lock it, never write it.
     struct stat st {};

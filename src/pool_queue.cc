@@ -9,6 +9,7 @@
 
 #include "device_fitness.h"
 #include "gpu_pool_impl.h"
+#include "gpulock/error.hpp"
 #include "process/process_identity.h"
 #include "util/random_id.h"
 #include "util/unix_time.h"
@@ -85,6 +86,32 @@ QueueEntry QueueSnapshot::entry_at(std::size_t position, const Config& config) c
   if (placement.standing == QueueStanding::kWaiting) e.reserved_gpus = placement.gpus;
   e.blocked_by = blocked_by(placement.request, config);
   return e;
+}
+
+void check_enclosing_lease(const std::vector<std::string>& own, std::size_t candidates,
+                           std::size_t needed, const std::string& lease_id) {
+  if (candidates - own.size() >= needed) return;
+  throw Error(ErrorCode::kUnsatisfiable,
+              fmt::format("{} GPU{} requested, but GPU {} {} held by the lease this process runs "
+                          "under ({}, GPULOCK_LEASE_ID), which cannot end while it waits; use "
+                          "those GPUs, or run outside that lease",
+                          needed, needed == 1 ? "" : "s", fmt::join(own, ", "),
+                          own.size() == 1 ? "is" : "are", lease_id));
+}
+
+Error not_served(const QueueSnapshot& snapshot, std::size_t me, bool waited,
+                 const std::vector<BlockingGpu>& blocking, const std::string& blocked_by) {
+  const Placement& mine = snapshot.plan.of(me);
+  std::string why =
+      waited ? "no GPU became available within the timeout" : "the requested GPUs are not free now";
+  if (mine.standing == QueueStanding::kOverGpuLimit ||
+      mine.standing == QueueStanding::kOverWaitingLimit)
+    why += ": " + blocked_by;
+  for (const auto& b : blocking) why += "\n  GPU " + b.display_index + ": " + b.reason;
+  if (waited)
+    why += fmt::format("\n  (position {} of {} in the queue)", snapshot.plan.position_of[me] + 1,
+                       snapshot.tickets.size());
+  return Error(ErrorCode::kTimedOut, why);
 }
 
 LeaseRequest health_filters_of(const Ticket& t) {

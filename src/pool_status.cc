@@ -11,7 +11,7 @@
 
 namespace gpulock {
 
-HolderInfo holder_info(const HolderRecord& r) {
+HolderInfo holder_info(const HolderRecord& r, bool on_this_host) {
   HolderInfo info;
   info.lease_id = r.lease_id;
   info.uid = r.uid;
@@ -19,7 +19,7 @@ HolderInfo holder_info(const HolderRecord& r) {
   info.host = r.host;
   info.kind = holder_kind_name(r.kind);
   info.pid = r.holder.pid;
-  info.holder_alive = is_alive(r.holder);
+  info.holder_alive = on_this_host && is_alive(r.holder);
   for (const auto& m : r.members) info.member_pids.push_back(m.pid);
   info.command = r.command;
   info.label = r.label;

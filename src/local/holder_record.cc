@@ -103,13 +103,18 @@ std::string record_json(const HolderRecord& r, std::size_t command_max, std::siz
 
 }  // namespace
 
-std::string serialize_holder_record(const HolderRecord& record) {
+std::string holder_record_json(const HolderRecord& record) {
   std::string text = record_json(record, 1024, 256, kMaxGpusInRecord);
   // Too long (very many GPUs, or text full of quotes): give up detail until it fits.
   if (text.size() >= kHolderRecordSize) text = record_json(record, 128, 64, kMaxGpusInRecord);
   if (text.size() >= kHolderRecordSize) text = record_json(record, 0, 0, kMaxGpusInRecord);
   for (std::size_t gpus = kMaxGpusInRecord; text.size() >= kHolderRecordSize && gpus > 0;)
     text = record_json(record, 0, 0, --gpus);
+  return text;
+}
+
+std::string serialize_holder_record(const HolderRecord& record) {
+  std::string text = holder_record_json(record);
   text.resize(kHolderRecordSize - 1, ' ');
   text += '\n';
   return text;

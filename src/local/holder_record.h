@@ -45,6 +45,8 @@ inline constexpr std::size_t kHolderRecordSize = 4096;
 
 // JSON padded with spaces to kHolderRecordSize; long command lines and labels are cut to fit.
 std::string serialize_holder_record(const HolderRecord& record);
+// The same record unpadded (under kHolderRecordSize bytes), where no fixed size is needed.
+std::string holder_record_json(const HolderRecord& record);
 
 std::optional<HolderRecord> parse_holder_record(std::string_view bytes);
 

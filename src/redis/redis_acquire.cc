@@ -249,8 +249,7 @@ Lease RedisPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
         const auto started_at = std::chrono::system_clock::now();
         record.started_at = unix_seconds(started_at);
         for (const Gpu* g : chosen) record.gpus.push_back(g->device.uuid);
-        std::string record_json = serialize_holder_record(record);
-        record_json.erase(record_json.find_last_not_of(' ') + 1);
+        const std::string record_json = holder_record_json(record);
 
         std::vector<std::string> args{lease_id,     std::to_string(settings_.lease_ttl.count()),
                                       snap.version, std::to_string(chosen.size()),
@@ -332,27 +331,12 @@ Lease RedisPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
               q.probes[i].record->lease_id == *request.enclosing_lease_id)
             own.push_back(q.gpu_names[i]);
         }
-        if (candidates.size() - own.size() < needed)
-          throw Error(ErrorCode::kUnsatisfiable,
-                      fmt::format("{} GPU{} requested, but GPU {} {} held by the lease this "
-                                  "process runs under ({}, GPULOCK_LEASE_ID), which cannot end "
-                                  "while it waits; use those GPUs, or run outside that lease",
-                                  needed, needed == 1 ? "" : "s", fmt::join(own, ", "),
-                                  own.size() == 1 ? "is" : "are", *request.enclosing_lease_id));
+        check_enclosing_lease(own, candidates.size(), needed, *request.enclosing_lease_id);
       }
       const std::string blocked_by = q.blocked_by(me, config_);
       const int position = static_cast<int>(q.plan.position_of[me]) + 1;
-      if (!request.wait || Clock::now() >= deadline) {
-        std::string why = request.wait ? "no GPU became available within the timeout"
-                                       : "the requested GPUs are not free now";
-        if (mine.standing == QueueStanding::kOverGpuLimit ||
-            mine.standing == QueueStanding::kOverWaitingLimit)
-          why += ": " + blocked_by;
-        for (const auto& b : blocking) why += "\n  GPU " + b.display_index + ": " + b.reason;
-        if (request.wait)
-          why += fmt::format("\n  (position {} of {} in the queue)", position, q.tickets.size());
-        throw Error(ErrorCode::kTimedOut, why);
-      }
+      if (!request.wait || Clock::now() >= deadline)
+        throw not_served(q, me, request.wait, blocking, blocked_by);
       if (hooks.on_progress) {
         const std::string signature = fmt::format("{}\n{}", position, blocked_by);
         if (signature != last_progress || hooks.progress_refresh) {

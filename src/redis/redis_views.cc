@@ -37,7 +37,7 @@ GpuStatus RedisPool::describe(const Gpu& g, const Snapshot& snap) const {
   } else if (!g.lock.empty()) {
     gpu.state = GpuState::kLeased;
     if (record) {
-      gpu.holder = holder_info(*record);
+      gpu.holder = holder_info(*record, holder_here);
       // On another host, a lease that is being renewed is alive.
       if (!holder_here) gpu.holder->holder_alive = snap.leases.at(g.lock).ttl_ms > 0;
     } else {
