@@ -85,8 +85,9 @@ for i = 1, #hosts, 2 do
       if g[1] == host then
         local lock_key = P .. 'lock:' .. uuid
         local lock = get(lock_key)
-        for _, v in ipairs({uuid, host, g[2] or '', g[3] or '', g[4] or '', lock,
-                            redis.call('PTTL', lock_key)}) do
+        local ttl = -2  -- no key: only a held GPU's lock has a TTL worth asking for
+        if lock ~= '' then ttl = redis.call('PTTL', lock_key) end
+        for _, v in ipairs({uuid, host, g[2] or '', g[3] or '', g[4] or '', lock, ttl}) do
           table.insert(gpus_out, v)
         end
         if lock ~= '' and lock ~= '!garbage' and not seen[lock] then

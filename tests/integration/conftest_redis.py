@@ -109,7 +109,7 @@ def process_running(pid):
 # request) or for a signal. $1: report path, $2: finish path.
 HOLD_SCRIPT = (
     'printf \'{"lease":"%s","gpus":"%s","token":"%s","host":"%s","cvd":"%s","pid":%s}\\n\' '
-    '"$GPULOCK_LEASE_ID" "$GPULOCK_GPUS" "$GPULOCK_FENCING_TOKEN" "$GPULOCK_HOST" '
+    '"$GPULOCK_LEASE_ID" "$GPULOCK_GPUS" "$GPULOCK_FENCING_TOKEN" "$GPULOCK_LEASE_HOST" '
     '"$CUDA_VISIBLE_DEVICES" "$$" > "$1.tmp" && mv "$1.tmp" "$1"; '
     'while [ ! -e "$2" ]; do sleep 0.05; done')
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import EX_TEMPFAIL, EX_UNAVAILABLE, HANG, wait_until
+from conftest import EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE, HANG, wait_until
 pytest.register_assert_rewrite("conftest_redis")  # before its first import
 from conftest_redis import (  # noqa: E402
     DEFAULT_TTL_SECONDS, LEASE_ID, RedisWorld, assert_no_crash, closed_port, read_env_output,
@@ -55,7 +55,7 @@ def test_run_exports_lease_variables_and_releases_keys(rw):
     gpus = got["GPULOCK_GPUS"].split(",")
     assert len(gpus) == 2 == len(set(gpus)) and set(gpus) <= set(uuids), (gpus, uuids)
     assert got["CUDA_VISIBLE_DEVICES"] == ",".join(str(uuids.index(u)) for u in gpus)
-    assert got["GPULOCK_HOST"] == "node-a"
+    assert got["GPULOCK_LEASE_HOST"] == "node-a"
     assert re.fullmatch(r"[0-9]+", got["GPULOCK_FENCING_TOKEN"]), got
     assert int(got["GPULOCK_FENCING_TOKEN"]) > 0
     # Released when the command ended: no lock or lease key is left.
@@ -221,19 +221,27 @@ def test_host_selection(rw):
 
     # A named host: a reservation there; the command runs here and is told the host.
     got = run_env(rw, "--host", "node-b", "-n", "1", "--no-wait", host="node-a")
-    assert got["GPULOCK_HOST"] == "node-b"
+    assert got["GPULOCK_LEASE_HOST"] == "node-b"
     assert got["GPULOCK_GPUS"] in uuids["node-b"]
+    # GPULOCK_HOST still names the host the command runs on (gpulock there registers as it).
+    assert got["GPULOCK_HOST"] == "node-a"
+
+    # Named GPUs must be on one host.
+    mixed = rw.run("run", "--host", "any", "--gpus", "%s,%s" % (uuids["node-b"][1],
+                                                               uuids["node-c"][1]),
+                   "--no-wait", "--", "true", host="node-a")
+    assert mixed.returncode == EX_USAGE and "one host" in mixed.stderr, mixed.stderr
 
     # Any host: a multi-GPU lease stays on one host.
     got = run_env(rw, "--host", "any", "-n", "2", "--no-wait", host="node-a")
-    assert got["GPULOCK_HOST"] in ("node-b", "node-c")
-    assert set(got["GPULOCK_GPUS"].split(",")) == set(uuids[got["GPULOCK_HOST"]])
+    assert got["GPULOCK_LEASE_HOST"] in ("node-b", "node-c")
+    assert set(got["GPULOCK_GPUS"].split(",")) == set(uuids[got["GPULOCK_LEASE_HOST"]])
 
     # A list of hosts: node-b is full, so node-c.
     remote = rw.hold("--host", "node-b", "-n", "2", host="node-a")
     assert remote.host == "node-b" and set(remote.gpus) == set(uuids["node-b"])
     got = run_env(rw, "--host", "node-b,node-c", "-n", "1", "--no-wait", host="node-a")
-    assert got["GPULOCK_HOST"] == "node-c" and got["GPULOCK_GPUS"] in uuids["node-c"]
+    assert got["GPULOCK_LEASE_HOST"] == "node-c" and got["GPULOCK_GPUS"] in uuids["node-c"]
     result = rw.run("run", "--host", "node-a,node-b", "--no-wait", "--", "true", host="node-c")
     assert result.returncode == EX_TEMPFAIL, result.stderr
 

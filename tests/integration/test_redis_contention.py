@@ -43,7 +43,7 @@ for uuid in made:
     os.unlink(os.path.join(markers, uuid))
 left = time.monotonic()
 record = {"job": name, "entered": entered, "left": left, "gpus": gpus, "overlaps": overlaps,
-          "host": os.environ.get("GPULOCK_HOST"), "lease": os.environ.get("GPULOCK_LEASE_ID"),
+          "host": os.environ.get("GPULOCK_LEASE_HOST"), "lease": os.environ.get("GPULOCK_LEASE_ID"),
           "token": os.environ.get("GPULOCK_FENCING_TOKEN"), "pid": os.getpid()}
 with open(log, "a") as f:
     fcntl.flock(f, fcntl.LOCK_EX)
