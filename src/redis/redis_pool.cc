@@ -26,6 +26,9 @@ using Clock = std::chrono::steady_clock;
 // when this host leases or shows its status.
 constexpr auto kRegistrationRefresh = std::chrono::seconds(30);
 
+// Registrations parsed and kept (about 1 KiB each): a pool of 1000 GPUs, twice over.
+constexpr std::size_t kMostParsedDevices = 2048;
+
 template <typename T>
 std::optional<T> number(const std::string& text) {
   T value{};
@@ -55,6 +58,22 @@ RedisPool::RedisPool(std::unique_ptr<DeviceSource> source, Config config,
       settings_(std::move(settings)),
       connections_(std::make_shared<RedisConnectionCache>(settings_.endpoint,
                                                           std::chrono::milliseconds(5000))) {}
+
+std::optional<Device> RedisPool::registered_device(const std::string& static_json,
+                                                   const std::string& readings_json) {
+  // Parsing is most of a large snapshot's cost, and a registration changes at most every 30 s:
+  // a waiter that plans on every event, or a process showing status repeatedly, parses each
+  // registration once.
+  std::string key = static_json;
+  key += '\n';  // never in the JSON we write (dump() without indent)
+  key += readings_json;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (const auto it = parsed_devices_.find(key); it != parsed_devices_.end()) return it->second;
+  std::optional<Device> device = parse_registered_device(static_json, readings_json);
+  if (parsed_devices_.size() >= kMostParsedDevices) parsed_devices_.clear();
+  parsed_devices_.emplace(std::move(key), device);
+  return device;
+}
 
 uid_t RedisPool::plan_uid(const std::string& user) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -121,7 +140,7 @@ RedisPool::Snapshot RedisPool::snapshot(RedisConnection& connection, const std::
       }
     }
     if (!gpu.local) {
-      auto device = parse_registered_device(gpus.elements[i + 2].text, gpus.elements[i + 3].text);
+      auto device = registered_device(gpus.elements[i + 2].text, gpus.elements[i + 3].text);
       if (!device || device->uuid != uuid) {
         out.warnings.push_back(fmt::format("the registration of GPU {} (host {}) is unreadable",
                                            sanitize_for_display(uuid, 80),

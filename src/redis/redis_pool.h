@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "gpu_pool_impl.h"
@@ -75,6 +76,9 @@ class RedisPool {
                     const std::vector<Device>& local_devices);
   // The queue planned from a snapshot (the same planner and explanations as the local queue).
   QueueSnapshot plan(const Snapshot& snapshot, const Ticket* newcomer);
+  // A registered device from its JSON, parsed once per distinct registration.
+  std::optional<Device> registered_device(const std::string& static_json,
+                                          const std::string& readings_json);
   // The number standing for a user in plans (users are the same person on every host by name).
   uid_t plan_uid(const std::string& user);
   GpuStatus describe(const Gpu& gpu, const Snapshot& snapshot) const;
@@ -89,6 +93,7 @@ class RedisPool {
   std::string registered_signature_;
   std::chrono::steady_clock::time_point registered_at_;
   std::map<std::string, uid_t> plan_uids_;
+  std::unordered_map<std::string, std::optional<Device>> parsed_devices_;
 };
 
 }  // namespace gpulock

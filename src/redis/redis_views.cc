@@ -96,9 +96,10 @@ PoolStatus RedisPool::status(bool whole_pool) {
   status.warnings = snap.warnings;
   for (const Gpu& g : snap.gpus) status.gpus.push_back(describe(g, snap));
   // The queue is the pool's, whichever hosts are shown.
-  const QueueSnapshot q = plan(snap, nullptr);
   status.queue_length = static_cast<int>(snap.tickets.size());
   status.queue_policy = queue_policy_name(config_.policy);
+  if (snap.tickets.empty()) return status;  // nothing reserved: no plan needed
+  const QueueSnapshot q = plan(snap, nullptr);
   for (std::size_t position = 0; position < q.plan.order.size(); ++position) {
     const Placement& placement = q.plan.order[position];
     if (placement.standing != QueueStanding::kWaiting) continue;
