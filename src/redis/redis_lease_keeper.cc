@@ -2,6 +2,7 @@
 #include "redis/redis_lease_keeper.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -35,6 +36,12 @@ RedisLeaseKeeper::RedisLeaseKeeper(RedisLeaseTerms terms, std::string record_jso
 }
 
 RedisLeaseKeeper::~RedisLeaseKeeper() {
+  if (thread_ && thread_process_ != ::getpid()) {
+    // A forked copy: the thread and the connections are the parent's. Touch neither.
+    (void)thread_.release();
+    connections_->abandon_after_fork();
+    return;
+  }
   stop();
   if (disowned_) return;
   // Compare-and-delete: a lease that expired and went to someone else is left alone.
@@ -61,7 +68,8 @@ void RedisLeaseKeeper::start() {
   sigset_t all, previous;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &previous);
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::make_unique<std::thread>([this] { run(); });
+  thread_process_ = ::getpid();
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
 }
 
@@ -71,7 +79,13 @@ void RedisLeaseKeeper::stop() {
     stopping_ = true;
   }
   wake_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (!thread_) return;
+  if (thread_process_ != ::getpid()) {
+    (void)thread_.release();  // a forked copy: the thread is the parent's
+    return;
+  }
+  if (thread_->joinable()) thread_->join();
+  thread_.reset();
 }
 
 void RedisLeaseKeeper::update_record(const std::string& record_json) {

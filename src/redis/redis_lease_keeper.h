@@ -16,6 +16,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+
+#include <sys/types.h>
 #include <vector>
 
 #include "lease_keeper.h"
@@ -69,7 +71,11 @@ class RedisLeaseKeeper final : public LeaseKeeper {
   std::function<void(const std::string&)> on_lost_;
   Clock::time_point confirmed_at_;
   std::atomic<bool> lost_{false};
-  std::thread thread_;
+  // The renewal thread, and the process it runs in. A process forked without prepare_fork()
+  // (e.g. Python's multiprocessing) has a copy of this object but not the thread: there the
+  // keeper does nothing at all, and the lease stays with the process that renews it.
+  std::unique_ptr<std::thread> thread_;
+  pid_t thread_process_ = 0;
 };
 
 }  // namespace gpulock

@@ -6,6 +6,8 @@ What Redis holds is checked independently with raw RESP commands (GET of the loc
 exclusion with the real `gpulock` binary, never by asking the package under test.
 """
 
+import os
+
 import pytest
 
 import gpulock
@@ -118,3 +120,25 @@ def test_a_wrong_password_is_refused(monkeypatch):
             assert lease.fencing_token > 0
     finally:
         server.close()
+
+
+def test_a_forked_child_leaves_the_lease_to_its_parent(redis):
+    lease = gpulock.lease()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            # The child's copy of the lease has no renewal thread: dropping it must neither end
+            # the parent's lease nor hang waiting for a thread that does not exist here.
+            code = 1
+            try:
+                lease.release()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        assert lock_holder(redis, lease.gpus[0]) == lease.id
+        assert not lease.lost
+    finally:
+        lease.release()
+    assert lock_holder(redis, lease.gpus[0]) is None
