@@ -13,6 +13,9 @@
 namespace gpulock {
 
 Lease::Impl::~Impl() {
+  // A forked copy of a Redis lease's keeper stays untouched (see LeaseKeeper): the lease is the
+  // renewing process's.
+  if (keeper && !keeper->belongs_to_this_process()) (void)keeper.release();
   keeper.reset();  // releases a Redis lease; a local one goes with its descriptors
 }
 

@@ -25,6 +25,10 @@ class LeaseKeeper {
   // Fork: stop renewing (no lock is held across fork); then the parent disowns the lease (it no
   // longer renews or releases it) and the child resumes renewing with its own connection.
   virtual void prepare_fork() = 0;
+  // False in a process forked without prepare_fork() (Python's multiprocessing, a C fork): that
+  // copy must not even be destroyed, since its thread's mutex and condition variable were in use
+  // by a thread that does not exist there; the Lease leaks it.
+  virtual bool belongs_to_this_process() const = 0;
   virtual void disown() = 0;
   virtual void resume_in_child() = 0;
 };

@@ -36,12 +36,6 @@ RedisLeaseKeeper::RedisLeaseKeeper(RedisLeaseTerms terms, std::string record_jso
 }
 
 RedisLeaseKeeper::~RedisLeaseKeeper() {
-  if (thread_ && thread_process_ != ::getpid()) {
-    // A forked copy: the thread and the connections are the parent's. Touch neither.
-    (void)thread_.release();
-    connections_->abandon_after_fork();
-    return;
-  }
   stop();
   if (disowned_) return;
   // Compare-and-delete: a lease that expired and went to someone else is left alone.
@@ -100,6 +94,10 @@ void RedisLeaseKeeper::update_record(const std::string& record_json) {
 void RedisLeaseKeeper::on_lost(std::function<void(const std::string&)> callback) {
   std::lock_guard<std::mutex> lock(mutex_);
   on_lost_ = std::move(callback);
+}
+
+bool RedisLeaseKeeper::belongs_to_this_process() const {
+  return !thread_ || thread_process_ == ::getpid();
 }
 
 void RedisLeaseKeeper::prepare_fork() {

@@ -48,6 +48,7 @@ class RedisLeaseKeeper final : public LeaseKeeper {
   bool lost() const override { return lost_.load(); }
   void on_lost(std::function<void(const std::string&)> callback) override;
   void prepare_fork() override;
+  bool belongs_to_this_process() const override;
   void disown() override;
   void resume_in_child() override;
 
