@@ -43,7 +43,6 @@
 
 #include "bench_support.h"
 #include "local/holder_record.h"
-#include "process/process_identity.h"
 #include "process_probe.h"
 #include "redis/device_record.h"
 #include "redis/redis_connection.h"
@@ -710,13 +709,50 @@ void bench_status(const Options& options, const RedisServer& server) {
   print_row("GpuPool::status() (this host's 8 GPUs, same pool)",
             stats_of(time_calls(n, [&] { benchmark::DoNotOptimize(pool.status().gpus.data()); })));
 
-  // The client's largest cost: every GPU's two JSON documents, parsed on every status.
+  // A cold pool: a new GpuPool in this (warm) process, and its first pool_status(): it
+  // connects, registers its host, and parses every registration (a warm pool keeps them
+  // parsed, keyed by their JSON). What `gpulock status --pool` does, without starting a
+  // process and without printing.
+  {
+    std::vector<double> cold_us, second_us;
+    long long cold_rt = 0;
+    const int m = std::max(20, n / 10);
+    for (int i = 0; i < m; ++i) {
+      const long long c = g_commands_sent.load();
+      const auto a = now_ns();
+      gpulock::GpuPool fresh(
+          gpulock::make_simulated_source(static_cast<unsigned>(options.gpus_per_host)),
+          redis_options(server.url(), pool_name, "host-000", ttl));
+      {
+        const gpulock::PoolStatus s = fresh.pool_status();
+        benchmark::DoNotOptimize(s.gpus.data());
+      }
+      const auto b = now_ns();
+      cold_rt += g_commands_sent.load() - c;
+      {
+        const gpulock::PoolStatus s = fresh.pool_status();
+        benchmark::DoNotOptimize(s.gpus.data());
+      }
+      const auto e = now_ns();
+      cold_us.push_back(static_cast<double>(b - a) / 1e3);
+      second_us.push_back(static_cast<double>(e - b) / 1e3);
+    }
+    char note[160];
+    std::snprintf(note, sizeof note,
+                  "round trips %.2f (+ a TCP connect): register + snapshot; %d new pools",
+                  static_cast<double>(cold_rt) / m, m);
+    print_row("GpuPool::pool_status(), a new GpuPool's first (cold)", stats_of(cold_us), note);
+    print_row("... and that GpuPool's second (warm)", stats_of(second_us));
+  }
+
+  // What a cold pool parses: every GPU's two JSON documents (a warm pool parses a registration
+  // again only when its JSON changed).
   const gpulock::RedisValue reply =
       connection->run(gpulock::redis_scripts::kSnapshot, {version_key}, {""});
   const auto& gpus = reply.elements.at(3).elements;
   std::size_t parsed = 0;
   print_row("parse_registered_device() for every GPU of the reply (" +
-                std::to_string(gpus.size() / 7) + ")",
+                std::to_string(gpus.size() / 7) + ", cold pool only)",
             stats_of(time_calls(n, [&] {
               parsed = 0;
               for (std::size_t i = 0; i + 6 < gpus.size(); i += 7)
@@ -724,19 +760,15 @@ void bench_status(const Options& options, const RedisServer& server) {
             })));
   if (parsed != gpus.size() / 7) throw std::runtime_error("unparsable registrations?");
 
-  // The leases' holder records, parsed on every status; and the liveness check that status
-  // makes for each leased GPU: a read of /proc/PID/stat, here for a PID of another host.
+  // The leases' holder records, parsed on every status.
   const auto& lease_fields = reply.elements.at(4).elements;
-  std::vector<gpulock::HolderRecord> records;
-  for (std::size_t i = 0; i + 3 < lease_fields.size(); i += 4)
-    if (auto r = gpulock::parse_holder_record(lease_fields[i + 1].text)) records.push_back(*r);
   print_row("parse_holder_record() for every lease of the reply (" +
                 std::to_string(lease_fields.size() / 4) + ")",
             stats_of(time_calls(n, [&] {
               for (std::size_t i = 0; i + 3 < lease_fields.size(); i += 4)
                 benchmark::DoNotOptimize(gpulock::parse_holder_record(lease_fields[i + 1].text));
             })));
-  {  // What the reply carries.
+  {  // What the reply carries (the server's byte count is in the pool_status() row above).
     std::size_t gpu_json = 0, record_bytes = 0, record_trimmed = 0;
     for (std::size_t i = 0; i + 6 < gpus.size(); i += 7)
       gpu_json += gpus[i + 2].text.size() + gpus[i + 3].text.size();
@@ -748,16 +780,20 @@ void bench_status(const Options& options, const RedisServer& server) {
     }
     std::printf(
         "(the reply carries %zu bytes of GPU JSON (static + readings) and %zu bytes of "
-        "holder records, %zu of them without trailing whitespace)\n",
-        gpu_json, record_bytes, record_trimmed);
+        "holder records in %zu leases, %zu of them without trailing whitespace: %zu bytes of "
+        "padding)\n",
+        gpu_json, record_bytes, lease_fields.size() / 4, record_trimmed,
+        record_bytes - record_trimmed);
   }
-  std::vector<const gpulock::HolderRecord*> per_gpu;  // one per leased GPU, as status checks
-  for (const auto& r : records)
-    for (std::size_t k = 0; k < r.gpus.size(); ++k) per_gpu.push_back(&r);
-  print_row("is_alive(holder) once per leased GPU (" + std::to_string(per_gpu.size()) + ")",
-            stats_of(time_calls(n, [&] {
-              for (const auto* r : per_gpu) benchmark::DoNotOptimize(gpulock::is_alive(r->holder));
-            })));
+  {  // `gpulock status --pool --json` renders with this.
+    const gpulock::PoolStatus s = pool.pool_status();
+    const std::size_t size = gpulock::status_to_json(s).size();
+    print_row(
+        "status_to_json() of that status (" + std::to_string(s.gpus.size()) + " GPUs)",
+        stats_of(time_calls(std::max(20, n / 4),
+                            [&] { benchmark::DoNotOptimize(gpulock::status_to_json(s).data()); })),
+        std::to_string(size) + " bytes of JSON");
+  }
   bench_status_cli(options, server);  // while the leases are held
 }
 

@@ -26,7 +26,8 @@ using Clock = std::chrono::steady_clock;
 // when this host leases or shows its status.
 constexpr auto kRegistrationRefresh = std::chrono::seconds(30);
 
-// Registrations parsed and kept (about 1 KiB each): a pool of 1000 GPUs, twice over.
+// Registrations parsed and kept (about 1 KiB each): at least this many, and at least twice the
+// GPUs of the last snapshot, so that a large pool never empties the cache on every call.
 constexpr std::size_t kMostParsedDevices = 2048;
 
 template <typename T>
@@ -70,7 +71,8 @@ std::optional<Device> RedisPool::registered_device(const std::string& static_jso
   std::lock_guard<std::mutex> lock(mutex_);
   if (const auto it = parsed_devices_.find(key); it != parsed_devices_.end()) return it->second;
   std::optional<Device> device = parse_registered_device(static_json, readings_json);
-  if (parsed_devices_.size() >= kMostParsedDevices) parsed_devices_.clear();
+  if (parsed_devices_.size() >= std::max(kMostParsedDevices, 2 * parsed_devices_wanted_))
+    parsed_devices_.clear();
   parsed_devices_.emplace(std::move(key), device);
   return device;
 }
@@ -123,6 +125,10 @@ RedisPool::Snapshot RedisPool::snapshot(RedisConnection& connection, const std::
                   static_cast<long long>(number<double>(hosts.elements[i + 1].text).value_or(0))});
 
   const RedisValue& gpus = element(reply, 3);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    parsed_devices_wanted_ = std::max(parsed_devices_wanted_, gpus.elements.size() / 7);
+  }
   for (std::size_t i = 0; i + 6 < gpus.elements.size(); i += 7) {
     Gpu gpu;
     const std::string& uuid = gpus.elements[i].text;

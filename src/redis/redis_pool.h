@@ -94,6 +94,7 @@ class RedisPool {
   std::chrono::steady_clock::time_point registered_at_;
   std::map<std::string, uid_t> plan_uids_;
   std::unordered_map<std::string, std::optional<Device>> parsed_devices_;
+  std::size_t parsed_devices_wanted_ = 0;  // the most GPUs a snapshot has listed
 };
 
 }  // namespace gpulock
