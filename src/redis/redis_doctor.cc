@@ -1,6 +1,7 @@
 // RedisPool::doctor(): what an administrator checks first when the Redis backend misbehaves.
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -89,12 +90,35 @@ std::vector<DoctorCheck> RedisPool::doctor() {
                     local.size(), local.size() == 1 ? "" : "s", snap.hosts.size(),
                     snap.hosts.size() == 1 ? "" : "s", snap.gpus.size(),
                     snap.gpus.size() == 1 ? "" : "s"));
-    const RedisValue subscribed =
-        connection->command({"PUBLISH", settings_.prefix() + "events", "doctor"});
-    add(subscribed.is_error() ? Level::kFailed : Level::kOk, "notifications",
-        subscribed.is_error() ? "PUBLISH refused: " + subscribed.text +
-                                    " (waiters would only wake on their 10 s re-check)"
-                              : "PUBLISH allowed on " + settings_.prefix() + "events");
+    // Waiters are woken by messages on the pool's channel: send one round, as they would.
+    const std::string channel = settings_.prefix() + "events";
+    try {
+      auto subscriber =
+          RedisConnection::connect(settings_.endpoint, std::chrono::milliseconds(3000));
+      subscriber->subscribe(channel);
+      const RedisValue published = connection->command({"PUBLISH", channel, "doctor"});
+      if (published.is_error()) {
+        add(Level::kFailed, "notifications",
+            "PUBLISH refused: " + published.text +
+                " (waiters would wake only on their 10 s re-check; allow the channel " + channel +
+                ")");
+      } else {
+        const auto sent = Clock::now();
+        std::optional<std::string> message;
+        while (!message && Clock::now() - sent < std::chrono::seconds(3))
+          message = subscriber->next_message(std::chrono::milliseconds(500));
+        add(message ? Level::kOk : Level::kFailed, "notifications",
+            message ? fmt::format(
+                          "PUBLISH and SUBSCRIBE on {}: a message went round in {:.1f} ms", channel,
+                          std::chrono::duration<double, std::milli>(Clock::now() - sent).count())
+                    : "a message published on " + channel + " did not arrive within 3 s");
+      }
+    } catch (const Error& error) {
+      add(Level::kFailed, "notifications",
+          fmt::format("cannot subscribe to {}: {} (waiters would wake only on their 10 s "
+                      "re-check; allow the channel)",
+                      channel, error.what()));
+    }
 
     // Persistence decides how fencing tokens survive a restart.
     const RedisValue save = connection->command({"CONFIG", "GET", "save"});

@@ -338,7 +338,9 @@ def test_acl_user_and_password(gl, redis_servers):
     stranger = "st-" + os.urandom(6).hex()
     server = redis_servers(password=admin, acl_user=("gpulock-user", secret),
                            extra_users=[("stranger", stranger, ["~other:*", "&other:*",
-                                                                "+@all"])])
+                                                                "+@all"]),
+                                        ("mute", secret, ["~gpulock:*", "resetchannels",
+                                                          "+@all"])])
     world = RedisWorld(gl, server)
     url = server.url(user="gpulock-user", password=secret)
     env = world.env(url=url)
@@ -352,6 +354,17 @@ def test_acl_user_and_password(gl, redis_servers):
     assert read_env_output(result.stdout)["GPULOCK_GPUS"] in uuids
     result = gl.run("doctor", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^ok +notifications: PUBLISH and SUBSCRIBE", result.stdout, re.M), \
+        result.stdout
+
+    # A user who may use the pool's keys but not its channel: the scripts (which publish) are
+    # refused, so nothing works (exit 69, never local locks), and doctor names the channel.
+    mute = server.url(user="mute", password=secret)
+    result = gl.run("doctor", env=world.env(url=mute))
+    assert result.returncode == EX_UNAVAILABLE, result.stdout + result.stderr
+    assert re.search(r"^failed +notifications: .*events", result.stdout, re.M), result.stdout
+    result = gl.run("run", "-n", "1", "--no-wait", "--", "true", env=world.env(url=mute))
+    assert result.returncode == EX_UNAVAILABLE and "publish" in result.stderr, result.stderr
 
     # The default user's password works too.
     result = gl.run("run", "-n", "1", "--no-wait", "--", "true",
