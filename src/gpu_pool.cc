@@ -27,7 +27,6 @@
 #include "util/random_id.h"
 #include "util/strings.h"
 #include "util/unix_time.h"
-#include "visible_devices.h"
 
 namespace gpulock {
 namespace {
@@ -181,23 +180,10 @@ std::optional<Lease> GpuPool::Impl::try_lock(const std::vector<const Device*>& c
 Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
   validate_request(request);
   const auto start = Clock::now();
-  // No deadline is time_point::max(); --no-wait is a deadline of now.
-  // A timeout too long for the clock (centuries) is no deadline rather than an overflow.
-  const bool bounded =
-      request.timeout && *request.timeout < std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                Clock::time_point::max() - start);
-  const Clock::time_point deadline = !request.wait ? start
-                                     : bounded     ? start + *request.timeout
-                                                   : Clock::time_point::max();
+  const Clock::time_point deadline = wait_deadline(request, start);
   const std::size_t needed = request.gpus.empty() ? request.count : request.gpus.size();
   const std::string& user = user_of(::geteuid());
-  const UserLimits limits = config.limits_for(user);
-  const std::string config_name = config.source.empty() ? "the config" : config.source;
-  if (limits.max_gpus && needed > *limits.max_gpus) {
-    throw Error(ErrorCode::kUnsatisfiable,
-                fmt::format("{} GPUs requested, but {} may hold at most {} at once ({})", needed,
-                            user, *limits.max_gpus, config_name));
-  }
+  check_gpu_limit(needed, user, config);
   const bool any_gpu_limit = [this] {
     if (config.default_limits.max_gpus) return true;
     for (const auto& [name, user_limits] : config.per_user)
@@ -243,11 +229,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
     std::vector<std::string> never_reasons;
     for (const Device* d : pool) {
       std::string never = never_reason(*d, request, config);
-      if (never.empty() && request.cuda_visible_devices &&
-          !visible_under(*d, *request.cuda_visible_devices)) {
-        never = fmt::format("{} is outside CUDA_VISIBLE_DEVICES={}", describe_device(*d),
-                            sanitize_for_display(*request.cuda_visible_devices, 128));
-      }
+      if (never.empty()) never = outside_visible_reason(*d, request);
       if (!never.empty()) {
         // Devices the caller did not name are silently unsuitable; named ones must all be usable.
         if (!request.gpus.empty()) throw Error(ErrorCode::kUnsatisfiable, never);
@@ -363,12 +345,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
             listing.live.begin(), listing.live.end(),
             [&](const Ticket& t) { return t.uid == wanted.uid && !t.entered_over_limit; });
         const bool over_limit =
-            limits.max_waiting && static_cast<unsigned>(waiting_now) >= *limits.max_waiting;
-        if (over_limit && *limits.max_waiting == 0u)
-          throw Error(ErrorCode::kUnsatisfiable,
-                      fmt::format("the GPUs are not free now, and {} may not wait in the queue "
-                                  "(max_waiting = 0 in {})",
-                                  user, config_name));
+            waits_over_limit(static_cast<std::size_t>(waiting_now), user, config);
         // Register, then plan again with the ticket in place to set up our watches.
         wanted.seq = listing.highest_seq + 1;
         wanted.entered_over_limit = over_limit;

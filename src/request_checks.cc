@@ -5,7 +5,9 @@
 
 #include <fmt/format.h>
 
+#include "device_fitness.h"
 #include "util/strings.h"
+#include "visible_devices.h"
 
 namespace gpulock {
 
@@ -62,6 +64,50 @@ void validate_request(const LeaseRequest& r) {
   // NaN fails both comparisons.
   if (r.max_power_watts && !(*r.max_power_watts >= 0 && *r.max_power_watts <= 1e6))
     throw Error(ErrorCode::kInvalidArgument, "the power limit must be between 0 and 1e6 watts");
+}
+
+namespace {
+
+std::string config_name(const Config& config) {
+  return config.source.empty() ? "the config" : config.source;
+}
+
+}  // namespace
+
+std::chrono::steady_clock::time_point wait_deadline(const LeaseRequest& request,
+                                                    std::chrono::steady_clock::time_point start) {
+  using Clock = std::chrono::steady_clock;
+  if (!request.wait) return start;
+  const bool bounded =
+      request.timeout && *request.timeout < std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                Clock::time_point::max() - start);
+  return bounded ? start + *request.timeout : Clock::time_point::max();
+}
+
+void check_gpu_limit(std::size_t needed, const std::string& user, const Config& config) {
+  const UserLimits limits = config.limits_for(user);
+  if (limits.max_gpus && needed > *limits.max_gpus)
+    throw Error(ErrorCode::kUnsatisfiable,
+                fmt::format("{} GPUs requested, but {} may hold at most {} at once ({})", needed,
+                            user, *limits.max_gpus, config_name(config)));
+}
+
+bool waits_over_limit(std::size_t waiting_now, const std::string& user, const Config& config) {
+  const UserLimits limits = config.limits_for(user);
+  const bool over_limit = limits.max_waiting && waiting_now >= *limits.max_waiting;
+  if (over_limit && *limits.max_waiting == 0u)
+    throw Error(ErrorCode::kUnsatisfiable,
+                fmt::format("the GPUs are not free now, and {} may not wait in the queue "
+                            "(max_waiting = 0 in {})",
+                            user, config_name(config)));
+  return over_limit;
+}
+
+std::string outside_visible_reason(const Device& device, const LeaseRequest& request) {
+  if (!request.cuda_visible_devices || visible_under(device, *request.cuda_visible_devices))
+    return "";
+  return fmt::format("{} is outside CUDA_VISIBLE_DEVICES={}", describe_device(device),
+                     sanitize_for_display(*request.cuda_visible_devices, 128));
 }
 
 }  // namespace gpulock

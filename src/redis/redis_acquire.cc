@@ -20,7 +20,6 @@
 #include "util/random_id.h"
 #include "util/strings.h"
 #include "util/unix_time.h"
-#include "visible_devices.h"
 
 namespace gpulock {
 namespace {
@@ -48,21 +47,10 @@ std::string join_names(const std::vector<std::string>& names) {
 Lease RedisPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
   validate_request(request);
   const auto start = Clock::now();
-  const bool bounded =
-      request.timeout &&
-      *request.timeout < std::chrono::duration_cast<milliseconds>(Clock::time_point::max() - start);
-  const Clock::time_point deadline = !request.wait ? start
-                                     : bounded     ? start + *request.timeout
-                                                   : Clock::time_point::max();
+  const Clock::time_point deadline = wait_deadline(request, start);
   const std::size_t needed = request.gpus.empty() ? request.count : request.gpus.size();
   const std::string user = user_name(::geteuid());
-  const UserLimits limits = config_.limits_for(user);
-  const std::string config_name = config_.source.empty() ? "the config" : config_.source;
-  if (limits.max_gpus && needed > *limits.max_gpus) {
-    throw Error(ErrorCode::kUnsatisfiable,
-                fmt::format("{} GPUs requested, but {} may hold at most {} at once ({})", needed,
-                            user, *limits.max_gpus, config_name));
-  }
+  check_gpu_limit(needed, user, config_);
 
   // Which hosts may serve it.
   bool any_host = false;
@@ -169,11 +157,7 @@ Lease RedisPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
       std::vector<std::string> never_reasons;
       for (const Gpu* g : pool) {
         std::string never = never_reason(g->device, request, config_);
-        if (never.empty() && g->local && request.cuda_visible_devices &&
-            !visible_under(g->device, *request.cuda_visible_devices)) {
-          never = fmt::format("{} is outside CUDA_VISIBLE_DEVICES={}", describe_device(g->device),
-                              sanitize_for_display(*request.cuda_visible_devices, 128));
-        }
+        if (never.empty() && g->local) never = outside_visible_reason(g->device, request);
         if (never.empty() && g->lock == "!garbage")
           never = fmt::format(
               "{} of host {}: its lock key in Redis holds something that is not a "
@@ -300,13 +284,7 @@ Lease RedisPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
         std::size_t waiting_now = 0;
         for (const Ticket& t : snap.tickets)
           if (t.user == user && !t.entered_over_limit) ++waiting_now;
-        const bool over_limit = limits.max_waiting && waiting_now >= *limits.max_waiting;
-        if (over_limit && *limits.max_waiting == 0u)
-          throw Error(ErrorCode::kUnsatisfiable,
-                      fmt::format("the GPUs are not free now, and {} may not wait in the queue "
-                                  "(max_waiting = 0 in {})",
-                                  user, config_name));
-        wanted.entered_over_limit = over_limit;
+        wanted.entered_over_limit = waits_over_limit(waiting_now, user, config_);
         // Subscribe before registering and planning again, so that no release is missed.
         if (!subscriber) {
           subscriber = RedisConnection::connect(settings_.endpoint, milliseconds(5000));
