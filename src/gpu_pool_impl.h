@@ -76,6 +76,14 @@ struct QueueSnapshot {
 Error not_served(const QueueSnapshot& snapshot, std::size_t me, bool waited,
                  const std::vector<BlockingGpu>& blocking, const std::string& blocked_by);
 
+// A device's state as `gpulock status` shows it, from its lock's probe. `device_here`: the
+// device is this machine's (its processes can be matched to users and leases); `holder_here`:
+// the lease's holder runs here (it can be checked and its process tree followed).
+GpuStatus gpu_status_of(Device device, const LockProbe& probe, const Config& config,
+                        bool device_here, bool holder_here);
+// Marks the free GPUs that the queue holds back for a waiting request.
+void mark_reservations(PoolStatus& status, const QueueStatus& queue);
+
 class GpuPool::Impl {
  public:
   Impl(std::unique_ptr<DeviceSource> source, PoolOptions options);

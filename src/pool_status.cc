@@ -50,6 +50,65 @@ const char* gpu_state_name(GpuState state) noexcept {
   return "free";
 }
 
+GpuStatus gpu_status_of(Device device, const LockProbe& p, const Config& config, bool device_here,
+                        bool holder_here) {
+  GpuStatus gpu;
+  if (device.mig_enabled.value_or(false)) {
+    gpu.state = GpuState::kExcluded;
+    gpu.note = "MIG enabled: its instances are leased one by one";
+  } else if (device.compute_mode == ComputeMode::kProhibited) {
+    gpu.state = GpuState::kExcluded;
+    gpu.note = "compute mode 'prohibited'";
+  } else if (!p.error.empty()) {
+    gpu.state = GpuState::kExcluded;
+    gpu.note = p.error;
+  } else if (p.locked) {
+    gpu.state = GpuState::kLeased;
+    if (p.record) {
+      gpu.holder = holder_info(*p.record, holder_here);
+    } else {
+      gpu.note = "lease details unavailable (being written, or damaged)";
+    }
+  } else if (!device.processes.empty()) {
+    gpu.state = GpuState::kBusy;
+  } else if (!device.processes_known) {
+    gpu.state = GpuState::kBusy;  // as acquire sees it: not proven idle
+    gpu.note = device_here ? "its processes cannot be listed (--allow-foreign accepts it)"
+                           : "its processes are unknown (host readings missing)";
+  }
+  for (const auto& process : device.processes) {
+    ProcessOnGpu shown;
+    shown.pid = process.pid;
+    shown.used_memory_bytes = process.used_memory_bytes;
+    if (device_here) {
+      if (const auto uid = process_uid(static_cast<pid_t>(process.pid)))
+        shown.user = user_name(*uid);
+      shown.foreign = !(p.locked && p.record && holder_here && covered_by(process.pid, *p.record));
+    } else {
+      // Another host's processes cannot be matched to leases from here.
+      shown.foreign = !p.locked && p.error.empty();
+    }
+    gpu.processes.push_back(std::move(shown));
+  }
+  if (gpu.state == GpuState::kLeased && gpu.holder &&
+      std::any_of(gpu.processes.begin(), gpu.processes.end(),
+                  [](const ProcessOnGpu& x) { return x.foreign; }))
+    gpu.note = "processes outside the lease are using this GPU";
+  if (excluded_by_config(device, config)) {
+    gpu.state = GpuState::kExcluded;
+    gpu.note = "excluded by the administrator (" + config.source + ")";
+  }
+  gpu.device = std::move(device);
+  return gpu;
+}
+
+void mark_reservations(PoolStatus& status, const QueueStatus& queue) {
+  for (const auto& entry : queue.entries)
+    for (const auto& uuid : entry.reserved_gpus)
+      for (auto& gpu : status.gpus)
+        if (gpu.device.uuid == uuid && gpu.state == GpuState::kFree) gpu.reserved_for = entry;
+}
+
 PoolStatus GpuPool::Impl::status() {
   PoolStatus status;
   status.host = host_name();
@@ -63,61 +122,15 @@ PoolStatus GpuPool::Impl::status() {
   std::vector<Device> devices = source->devices();
   const QueueStatus queue_now = queue_status(&devices);
   for (Device& device : devices) {
-    GpuStatus gpu;
     const LockProbe p = probe(device.uuid, true);
-    if (device.mig_enabled.value_or(false)) {
-      gpu.state = GpuState::kExcluded;
-      gpu.note = "MIG enabled: its instances are leased one by one";
-    } else if (device.compute_mode == ComputeMode::kProhibited) {
-      gpu.state = GpuState::kExcluded;
-      gpu.note = "compute mode 'prohibited'";
-    } else if (!p.error.empty()) {
-      gpu.state = GpuState::kExcluded;
-      gpu.note = p.error;
-    } else if (p.locked) {
-      gpu.state = GpuState::kLeased;
-      if (p.record) {
-        gpu.holder = holder_info(*p.record);
-      } else {
-        gpu.note = "lease details unavailable (being written, or damaged)";
-      }
-    } else if (!device.processes.empty()) {
-      gpu.state = GpuState::kBusy;
-    } else if (!device.processes_known) {
-      gpu.state = GpuState::kBusy;  // as acquire sees it: not proven idle
-      gpu.note = "its processes cannot be listed (--allow-foreign accepts it)";
-    }
-    for (const auto& process : device.processes) {
-      ProcessOnGpu shown;
-      shown.pid = process.pid;
-      shown.used_memory_bytes = process.used_memory_bytes;
-      if (const auto uid = process_uid(static_cast<pid_t>(process.pid)))
-        shown.user = user_name(*uid);
-      shown.foreign = !(p.locked && p.record && covered_by(process.pid, *p.record));
-      gpu.processes.push_back(std::move(shown));
-    }
-    if (gpu.state == GpuState::kLeased &&
-        std::any_of(gpu.processes.begin(), gpu.processes.end(),
-                    [](const ProcessOnGpu& x) { return x.foreign; }) &&
-        gpu.holder) {
-      gpu.note = "processes outside the lease are using this GPU";
-    }
-    if (excluded_by_config(device, config)) {
-      gpu.state = GpuState::kExcluded;
-      gpu.note = "excluded by the administrator (" + config.source + ")";
-    }
-    gpu.device = std::move(device);
-    status.gpus.push_back(std::move(gpu));
+    status.gpus.push_back(gpu_status_of(std::move(device), p, config, true, true));
   }
 
   status.queue_length = static_cast<int>(queue_now.entries.size());
   status.queue_policy = queue_now.policy;
   status.warnings.insert(status.warnings.end(), queue_now.warnings.begin(),
                          queue_now.warnings.end());
-  for (const auto& entry : queue_now.entries)
-    for (const auto& uuid : entry.reserved_gpus)
-      for (auto& gpu : status.gpus)
-        if (gpu.device.uuid == uuid && gpu.state == GpuState::kFree) gpu.reserved_for = entry;
+  mark_reservations(status, queue_now);
   return status;
 }
 

@@ -99,7 +99,6 @@ Lease RedisPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
   std::string chosen_host;  // a multi-GPU request waits for the GPUs of one host
   std::string last_progress;
   bool first_round = true;
-  bool reregistered = false;
   bool warned_unreachable = false;
   bool has_waited = false;  // registered in the queue at least once
 
@@ -108,26 +107,19 @@ Lease RedisPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
       if (!first_round) local_devices = source_->devices();  // fresh readings for health filters
       first_round = false;
       if (warned_unreachable) {
-        // Back after an outage: the server may have restarted empty.
+        // Back after an outage (a server that restarted empty gets our registration again from
+        // registered_snapshot below).
         connection.reconnect();
-        local_devices = register_devices(*connection, /*force=*/true);
         std::fprintf(stderr, "gpulock: Redis at %s answers again\n",
                      settings_.endpoint.display().c_str());
         warned_unreachable = false;
       }
       // The whole pool: limits and fair share count every host's leases.
-      const Snapshot snap = snapshot(*connection, "", local_devices);
+      const Snapshot snap = registered_snapshot(*connection, "", local_devices);
 
       // 1. Which GPUs could serve it at all.
       std::vector<std::string> known_hosts;
       for (const auto& h : snap.hosts) known_hosts.push_back(h.name);
-      if (!reregistered && std::find(hosts.begin(), hosts.end(), settings_.host) != hosts.end() &&
-          std::find(known_hosts.begin(), known_hosts.end(), settings_.host) == known_hosts.end()) {
-        // Our own registration is gone (the server restarted empty): register again.
-        reregistered = true;
-        local_devices = register_devices(*connection, /*force=*/true);
-        continue;
-      }
       for (const auto& host : hosts)
         if (std::find(known_hosts.begin(), known_hosts.end(), host) == known_hosts.end())
           throw Error(

@@ -196,6 +196,20 @@ RedisPool::Snapshot RedisPool::snapshot(RedisConnection& connection, const std::
   return out;
 }
 
+RedisPool::Snapshot RedisPool::registered_snapshot(RedisConnection& connection,
+                                                   const std::string& host_filter,
+                                                   std::vector<Device>& local_devices) {
+  Snapshot snap = snapshot(connection, host_filter, local_devices);
+  if (std::none_of(snap.hosts.begin(), snap.hosts.end(),
+                   [&](const HostEntry& h) { return h.name == settings_.host; })) {
+    // Our registration is gone (the server restarted empty): register again, at once rather
+    // than when the cached registration is due.
+    local_devices = register_devices(connection, /*force=*/true);
+    snap = snapshot(connection, host_filter, local_devices);
+  }
+  return snap;
+}
+
 QueueSnapshot RedisPool::plan(const Snapshot& snap, const Ticket* newcomer) {
   QueueSnapshot q;
   q.tickets = snap.tickets;

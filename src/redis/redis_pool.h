@@ -74,8 +74,14 @@ class RedisPool {
   std::vector<Device> register_devices(RedisConnection& connection, bool force = false);
   Snapshot snapshot(RedisConnection& connection, const std::string& host_filter,
                     const std::vector<Device>& local_devices);
+  // A snapshot in which this host is registered: registers it again first if the server lost
+  // it (a restart), updating `local_devices`.
+  Snapshot registered_snapshot(RedisConnection& connection, const std::string& host_filter,
+                               std::vector<Device>& local_devices);
   // The queue planned from a snapshot (the same planner and explanations as the local queue).
   QueueSnapshot plan(const Snapshot& snapshot, const Ticket* newcomer);
+  // The queue as people see it, planned from a snapshot.
+  QueueStatus queue_of(const Snapshot& snapshot);
   // A registered device from its JSON, parsed once per distinct registration.
   std::optional<Device> registered_device(const std::string& static_json,
                                           const std::string& readings_json);

@@ -18,60 +18,19 @@
 namespace gpulock {
 
 GpuStatus RedisPool::describe(const Gpu& g, const Snapshot& snap) const {
-  GpuStatus gpu;
-  gpu.device = g.device;
-  gpu.host = g.host;
-  const HolderRecord* record = nullptr;
-  if (const auto it = snap.leases.find(g.lock); it != snap.leases.end() && it->second.record)
-    record = &*it->second.record;
-  const bool holder_here = record && record->host == settings_.host;
-  if (g.device.mig_enabled.value_or(false)) {
-    gpu.state = GpuState::kExcluded;
-    gpu.note = "MIG enabled: its instances are leased one by one";
-  } else if (g.device.compute_mode == ComputeMode::kProhibited) {
-    gpu.state = GpuState::kExcluded;
-    gpu.note = "compute mode 'prohibited'";
-  } else if (g.lock == "!garbage") {
-    gpu.state = GpuState::kExcluded;
-    gpu.note = "its lock key in Redis holds something that is not a lease (see gpulock doctor)";
+  LockProbe probe;
+  if (g.lock == "!garbage") {
+    probe.error = "its lock key in Redis holds something that is not a lease (see gpulock doctor)";
   } else if (!g.lock.empty()) {
-    gpu.state = GpuState::kLeased;
-    if (record) {
-      gpu.holder = holder_info(*record, holder_here);
-      // On another host, a lease that is being renewed is alive.
-      if (!holder_here) gpu.holder->holder_alive = snap.leases.at(g.lock).ttl_ms > 0;
-    } else {
-      gpu.note = "lease details unavailable (being written, or damaged)";
-    }
-  } else if (!g.device.processes.empty()) {
-    gpu.state = GpuState::kBusy;
-  } else if (!g.device.processes_known) {
-    gpu.state = GpuState::kBusy;
-    gpu.note = g.local ? "its processes cannot be listed (--allow-foreign accepts it)"
-                       : "its processes are unknown (host readings missing)";
+    probe.locked = true;
+    if (const auto it = snap.leases.find(g.lock); it != snap.leases.end())
+      probe.record = it->second.record;
   }
-  for (const auto& process : g.device.processes) {
-    ProcessOnGpu shown;
-    shown.pid = process.pid;
-    shown.used_memory_bytes = process.used_memory_bytes;
-    if (g.local) {
-      if (const auto uid = process_uid(static_cast<pid_t>(process.pid)))
-        shown.user = user_name(*uid);
-      shown.foreign = !(record && holder_here && covered_by(process.pid, *record));
-    } else {
-      // Another host's processes cannot be matched to leases from here.
-      shown.foreign = g.lock.empty();
-    }
-    gpu.processes.push_back(std::move(shown));
-  }
-  if (gpu.state == GpuState::kLeased && gpu.holder &&
-      std::any_of(gpu.processes.begin(), gpu.processes.end(),
-                  [](const ProcessOnGpu& x) { return x.foreign; }))
-    gpu.note = "processes outside the lease are using this GPU";
-  if (excluded_by_config(g.device, config_)) {
-    gpu.state = GpuState::kExcluded;
-    gpu.note = "excluded by the administrator (" + config_.source + ")";
-  }
+  const bool holder_here = probe.record && probe.record->host == settings_.host;
+  GpuStatus gpu = gpu_status_of(g.device, probe, config_, g.local, holder_here);
+  gpu.host = g.host;
+  // On another host, a lease that is being renewed is alive.
+  if (gpu.holder && !holder_here) gpu.holder->holder_alive = snap.leases.at(g.lock).ttl_ms > 0;
   return gpu;
 }
 
@@ -86,39 +45,25 @@ PoolStatus RedisPool::status(bool whole_pool) {
   status.taken_at = std::chrono::system_clock::now();
   RedisConnectionLoan connection(*connections_);
   std::vector<Device> local = register_devices(*connection);
-  Snapshot snap = snapshot(*connection, whole_pool ? "" : settings_.host, local);
-  if (std::none_of(snap.hosts.begin(), snap.hosts.end(),
-                   [&](const HostEntry& h) { return h.name == settings_.host; })) {
-    // Our registration is gone (the server restarted empty): register again.
-    local = register_devices(*connection, /*force=*/true);
-    snap = snapshot(*connection, whole_pool ? "" : settings_.host, local);
-  }
+  const Snapshot snap = registered_snapshot(*connection, whole_pool ? "" : settings_.host, local);
   status.warnings = snap.warnings;
   for (const Gpu& g : snap.gpus) status.gpus.push_back(describe(g, snap));
   // The queue is the pool's, whichever hosts are shown.
   status.queue_length = static_cast<int>(snap.tickets.size());
   status.queue_policy = queue_policy_name(config_.policy);
-  if (snap.tickets.empty()) return status;  // nothing reserved: no plan needed
-  const QueueSnapshot q = plan(snap, nullptr);
-  for (std::size_t position = 0; position < q.plan.order.size(); ++position) {
-    const Placement& placement = q.plan.order[position];
-    if (placement.standing != QueueStanding::kWaiting) continue;
-    for (const auto& uuid : placement.gpus)
-      for (auto& gpu : status.gpus)
-        if (gpu.device.uuid == uuid && gpu.state == GpuState::kFree) {
-          gpu.reserved_for = q.entry_at(position, config_);
-          gpu.reserved_for->uid = snap.ticket_uids[placement.request];
-        }
-  }
+  if (!snap.tickets.empty()) mark_reservations(status, queue_of(snap));
   return status;
 }
 
 QueueStatus RedisPool::queue() {
+  RedisConnectionLoan connection(*connections_);
+  return queue_of(snapshot(*connection, "", source_->devices()));
+}
+
+QueueStatus RedisPool::queue_of(const Snapshot& snap) {
   QueueStatus status;
   status.policy = queue_policy_name(config_.policy);
   status.config_source = config_.source;
-  RedisConnectionLoan connection(*connections_);
-  const Snapshot snap = snapshot(*connection, "", source_->devices());
   status.warnings = snap.warnings;
   if (snap.tickets.empty()) return status;
   const QueueSnapshot q = plan(snap, nullptr);
