@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "expect_error.h"
 #include "gpulock/error.hpp"
 #include "local/gpu_lock_file.h"
 #include "local/holder_record.h"
@@ -113,18 +114,6 @@ std::vector<unsigned> Indices(const Lease& lease) {
   std::vector<unsigned> out;
   for (const auto& gpu : lease.gpus()) out.push_back(gpu.index);
   return out;
-}
-
-// Expects f to throw Error(code) whose message contains `words`.
-template <typename F>
-void ExpectError(F&& f, ErrorCode code, const std::string& words = "") {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected " << error_code_name(code);
-  } catch (const Error& error) {
-    EXPECT_EQ(error.code(), code) << error_code_name(error.code()) << ": " << error.what();
-    EXPECT_NE(std::string(error.what()).find(words), std::string::npos) << error.what();
-  }
 }
 
 class GpuPoolTest : public ::testing::Test {

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "expect_error.h"
 #include "gpulock/error.hpp"
 #include "gpulock/gpu_pool.hpp"
 #include "redis_test_pool.h"
@@ -43,20 +44,6 @@ LeaseRequest Count(unsigned count, std::vector<std::string> hosts = {}) {
   request.wait = false;
   request.hosts = std::move(hosts);
   return request;
-}
-
-// Expects f to throw Error(code) whose message contains `words`; returns the message.
-template <typename F>
-std::string ExpectError(F&& f, ErrorCode code, const std::string& words = "") {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected " << error_code_name(code);
-  } catch (const Error& error) {
-    EXPECT_EQ(error.code(), code) << error_code_name(error.code()) << ": " << error.what();
-    EXPECT_NE(std::string(error.what()).find(words), std::string::npos) << error.what();
-    return error.what();
-  }
-  return "";
 }
 
 bool Eventually(const std::function<bool()>& condition, std::chrono::milliseconds limit = 10s) {
