@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,10 @@ std::string holder_summary(const HolderRecord& record);
 
 // The health filters of a ticket, as a request, to judge devices by.
 LeaseRequest health_filters_of(const Ticket& ticket);
+// The candidates of a ticket that fail its health filters now, with why (by UUID). `device_of`
+// finds a device by UUID, nullptr for one that is gone.
+std::map<std::string, std::string> unhealthy_candidates(
+    const Ticket& ticket, const std::function<const Device*(const std::string&)>& device_of);
 // A request as the queue sees it (a fresh id; registered only if it has to wait).
 Ticket ticket_for_request(const LeaseRequest& request, std::size_t needed, const std::string& user);
 // A ticket as the planner sees it (without health and fair-share history).

@@ -114,6 +114,19 @@ Error not_served(const QueueSnapshot& snapshot, std::size_t me, bool waited,
   return Error(ErrorCode::kTimedOut, why);
 }
 
+std::map<std::string, std::string> unhealthy_candidates(
+    const Ticket& t, const std::function<const Device*(const std::string&)>& device_of) {
+  const LeaseRequest filters = health_filters_of(t);
+  std::map<std::string, std::string> reasons;
+  for (const auto& uuid : t.candidates) {
+    const Device* device = device_of(uuid);
+    if (device == nullptr) continue;
+    std::string reason = unready_reason(*device, filters);
+    if (!reason.empty()) reasons.emplace(uuid, std::move(reason));
+  }
+  return reasons;
+}
+
 LeaseRequest health_filters_of(const Ticket& t) {
   LeaseRequest r;
   r.min_free_memory_bytes = t.min_free_memory_bytes;
@@ -271,16 +284,12 @@ QueueSnapshot GpuPool::Impl::plan(const std::vector<Device>& devices,
     if (newcomer && &t == &snapshot.tickets.back()) r.limits.max_waiting.reset();
     if (const auto it = listing.last_served.find(t.uid); it != listing.last_served.end())
       r.user_last_served = it->second;
-    const LeaseRequest filters = health_filters_of(t);
-    auto& reasons = snapshot.unhealthy_reasons.emplace_back();
-    for (const auto& uuid : t.candidates) {
-      const auto it = by_uuid.find(uuid);
-      if (it == by_uuid.end()) continue;
-      std::string reason = unready_reason(*it->second, filters);
-      if (reason.empty()) continue;
-      r.unhealthy.push_back(uuid);
-      reasons.emplace(uuid, std::move(reason));
-    }
+    const auto& reasons =
+        snapshot.unhealthy_reasons.emplace_back(unhealthy_candidates(t, [&](const std::string& u) {
+          const auto it = by_uuid.find(u);
+          return it == by_uuid.end() ? nullptr : it->second;
+        }));
+    for (const auto& [uuid, reason] : reasons) r.unhealthy.push_back(uuid);
     requests.push_back(std::move(r));
   }
   snapshot.plan = plan_queue(

@@ -246,16 +246,12 @@ QueueSnapshot RedisPool::plan(const Snapshot& snap, const Ticket* newcomer) {
     if (newcomer && i + 1 == q.tickets.size()) r.limits.max_waiting.reset();
     if (const auto it = snap.user_last_served.find(t.user); it != snap.user_last_served.end())
       r.user_last_served = it->second;
-    const LeaseRequest filters = health_filters_of(t);
-    auto& reasons = q.unhealthy_reasons.emplace_back();
-    for (const auto& uuid : t.candidates) {
-      const auto it = by_uuid.find(uuid);
-      if (it == by_uuid.end()) continue;
-      std::string reason = unready_reason(it->second->device, filters);
-      if (reason.empty()) continue;
-      r.unhealthy.push_back(uuid);
-      reasons.emplace(uuid, std::move(reason));
-    }
+    const auto& reasons =
+        q.unhealthy_reasons.emplace_back(unhealthy_candidates(t, [&](const std::string& u) {
+          const auto it = by_uuid.find(u);
+          return it == by_uuid.end() ? nullptr : &it->second->device;
+        }));
+    for (const auto& [uuid, reason] : reasons) r.unhealthy.push_back(uuid);
     requests.push_back(std::move(r));
   }
   q.plan =
