@@ -42,7 +42,7 @@
 #include <gpulock/gpulock.hpp>
 
 #include "bench_support.h"
-#include "local/holder_record.h"
+#include "backend/holder_record.h"
 #include "process_probe.h"
 #include "redis/device_record.h"
 #include "redis/redis_connection.h"

@@ -8,7 +8,7 @@
 #include "lease_impl.h"
 #include "local/gpu_lock_file.h"
 #include "process/process_identity.h"
-#include "visible_devices.h"
+#include "backend/visible_devices.h"
 
 namespace gpulock {
 

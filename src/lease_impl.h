@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "gpulock/lease.hpp"
-#include "lease_keeper.h"
-#include "local/holder_record.h"
+#include "backend/lease_keeper.h"
+#include "backend/holder_record.h"
 #include "util/fd.h"
 
 namespace gpulock {

@@ -7,7 +7,7 @@
 #include <cerrno>
 
 #include "gpulock/error.hpp"
-#include "local/holder_record.h"
+#include "backend/holder_record.h"
 #include "util/fd.h"
 
 namespace gpulock {

@@ -36,7 +36,7 @@
 
 #include "gpulock/config.hpp"
 #include "gpulock/queue.hpp"
-#include "selection.h"
+#include "queue/selection.h"
 
 namespace gpulock {
 

@@ -9,14 +9,14 @@
 
 #include <fmt/format.h>
 
-#include "device_fitness.h"
+#include "backend/device_fitness.h"
 #include "gpulock/error.hpp"
 #include "lease_impl.h"
 #include "process/process_identity.h"
 #include "redis/redis_lease_keeper.h"
-#include "redis/redis_pool.h"
+#include "redis/redis_backend.h"
 #include "redis/redis_scripts.h"
-#include "request_checks.h"
+#include "backend/request_checks.h"
 #include "util/random_id.h"
 #include "util/strings.h"
 #include "util/unix_time.h"

@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "gpulock/error.hpp"
-#include "redis/redis_pool.h"
+#include "redis/redis_backend.h"
 #include "redis/redis_scripts.h"
 #include "util/random_id.h"
 #include "util/strings.h"

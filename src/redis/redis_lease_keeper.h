@@ -20,7 +20,7 @@
 #include <sys/types.h>
 #include <vector>
 
-#include "lease_keeper.h"
+#include "backend/lease_keeper.h"
 #include "redis/redis_connection_cache.h"
 
 namespace gpulock {

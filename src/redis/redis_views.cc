@@ -6,10 +6,10 @@
 
 #include <fmt/format.h>
 
-#include "device_fitness.h"
+#include "backend/device_fitness.h"
 #include "gpulock/error.hpp"
 #include "process/process_identity.h"
-#include "redis/redis_pool.h"
+#include "redis/redis_backend.h"
 #include "redis/redis_scripts.h"
 #include "util/random_id.h"
 #include "util/strings.h"

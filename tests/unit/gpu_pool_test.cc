@@ -29,7 +29,7 @@
 #include "expect_error.h"
 #include "gpulock/error.hpp"
 #include "local/gpu_lock_file.h"
-#include "local/holder_record.h"
+#include "backend/holder_record.h"
 #include "local/lock_directory.h"
 #include "process/process_identity.h"
 #include "temp_dir.h"

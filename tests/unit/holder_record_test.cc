@@ -1,6 +1,6 @@
 // Holder records (src/local/holder_record.h): the serialize/parse round trip, the fixed on-disk
 // size, and parse_holder_record() treating every byte read back as hostile input.
-#include "local/holder_record.h"
+#include "backend/holder_record.h"
 
 #include <gtest/gtest.h>
 

@@ -19,7 +19,7 @@
 
 #include "gpulock/error.hpp"
 #include "local/gpu_lock_file.h"
-#include "local/holder_record.h"
+#include "backend/holder_record.h"
 #include "scoped_umask.h"
 #include "temp_dir.h"
 

@@ -1,6 +1,6 @@
 // The queue directory (src/queue/queue_directory.h): modes, live and dead waiters, wake-ups,
 // planted files.
-#include "queue/queue_directory.h"
+#include "local/queue_directory.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

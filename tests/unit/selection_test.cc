@@ -1,6 +1,6 @@
 // Choosing which free GPUs to lease (src/selection.h): lowest indices without topology, close
 // GPUs when there is one, ties to the lowest indices, and the greedy path for large machines.
-#include "selection.h"
+#include "queue/selection.h"
 
 #include <gtest/gtest.h>
 

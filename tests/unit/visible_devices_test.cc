@@ -1,6 +1,6 @@
 // CUDA_VISIBLE_DEVICES (src/visible_devices.h): which devices a caller's value leaves visible,
 // with CUDA's reading rules, and the value gpulock writes for a lease.
-#include "visible_devices.h"
+#include "backend/visible_devices.h"
 
 #include <gtest/gtest.h>
 

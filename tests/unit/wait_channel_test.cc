@@ -1,6 +1,6 @@
 // What a waiter sleeps on (src/queue/wait_channel.h): ended leases, a watched ticket, its wake
 // FIFO.
-#include "queue/wait_channel.h"
+#include "local/wait_channel.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -19,7 +19,7 @@
 
 #include "local/lock_directory.h"
 #include "process/process_identity.h"
-#include "queue/queue_directory.h"
+#include "local/queue_directory.h"
 #include "queue/ticket.h"
 #include "temp_dir.h"
 #include "util/random_id.h"

@@ -10,10 +10,10 @@
 
 #include <fmt/format.h>
 
-#include "gpu_pool_impl.h"
+#include "local/local_backend.h"
 #include "gpulock/error.hpp"
 #include "process/process_identity.h"
-#include "queue/wait_channel.h"
+#include "local/wait_channel.h"
 #include "util/random_id.h"
 #include "util/strings.h"
 

@@ -13,11 +13,11 @@
 #include "gpulock/config.hpp"
 #include "gpulock/error.hpp"
 #include "gpulock/gpu_pool.hpp"
-#include "local/holder_record.h"
+#include "backend/holder_record.h"
 #include "local/lock_directory.h"
-#include "queue/queue_directory.h"
+#include "local/queue_directory.h"
 #include "queue/schedule.h"
-#include "queue/wait_channel.h"
+#include "local/wait_channel.h"
 #include "util/fd.h"
 
 namespace gpulock {

@@ -1,5 +1,5 @@
 // RedisPool: registration of this host's GPUs, reading the pool (snapshot) and planning it.
-#include "redis/redis_pool.h"
+#include "redis/redis_backend.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "device_fitness.h"
+#include "backend/device_fitness.h"
 #include "gpulock/error.hpp"
 #include "gpulock/version.hpp"
 #include "redis/device_record.h"

@@ -17,9 +17,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "gpu_pool_impl.h"
+#include "local/local_backend.h"
 #include "gpulock/gpu_pool.hpp"
-#include "local/holder_record.h"
+#include "backend/holder_record.h"
 #include "queue/ticket.h"
 #include "redis/redis_connection_cache.h"
 #include "redis/redis_settings.h"

@@ -1,6 +1,6 @@
 // Device fitness for a request: permanent reasons (MIG, compute mode, size, the admin's
 // exclusions) and momentary ones (health filters, processes of people not using gpulock).
-#include "device_fitness.h"
+#include "backend/device_fitness.h"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
 // Serialising holder records, and reading them back as untrusted input.
-#include "local/holder_record.h"
+#include "backend/holder_record.h"
 
 #include <cmath>
 

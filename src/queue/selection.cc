@@ -1,5 +1,5 @@
 // GPU set selection: exhaustive over small choices, greedy beyond.
-#include "selection.h"
+#include "queue/selection.h"
 
 #include <algorithm>
 #include <limits>

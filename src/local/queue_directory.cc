@@ -1,5 +1,5 @@
 // The queue directory: registering waiters, listing the live ones, waking one of them.
-#include "queue/queue_directory.h"
+#include "local/queue_directory.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,13 +1,13 @@
 // Checks shared by both backends' acquire().
-#include "request_checks.h"
+#include "backend/request_checks.h"
 
 #include <set>
 
 #include <fmt/format.h>
 
-#include "device_fitness.h"
+#include "backend/device_fitness.h"
 #include "util/strings.h"
-#include "visible_devices.h"
+#include "backend/visible_devices.h"
 
 namespace gpulock {
 

@@ -13,17 +13,17 @@
 
 #include <fmt/format.h>
 
-#include "device_fitness.h"
-#include "gpu_pool_impl.h"
+#include "backend/device_fitness.h"
+#include "local/local_backend.h"
 #include "gpulock/error.hpp"
 #include "gpulock/parse.hpp"
 #include "lease_impl.h"
 #include "local/gpu_lock_file.h"
 #include "process/process_identity.h"
-#include "redis/redis_pool.h"
+#include "redis/redis_backend.h"
 #include "redis/redis_settings.h"
-#include "request_checks.h"
-#include "selection.h"
+#include "backend/request_checks.h"
+#include "queue/selection.h"
 #include "util/random_id.h"
 #include "util/strings.h"
 #include "util/unix_time.h"

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
-#include "device_fitness.h"
-#include "gpu_pool_impl.h"
+#include "backend/device_fitness.h"
+#include "local/local_backend.h"
 #include "gpulock/error.hpp"
 #include "process/process_identity.h"
 #include "util/unix_time.h"

@@ -1,7 +1,7 @@
 // GpuPool::doctor() for the local (file) backend, and the names of the checks' levels.
 #include <fmt/format.h>
 
-#include "gpu_pool_impl.h"
+#include "local/local_backend.h"
 #include "gpulock/error.hpp"
 
 namespace gpulock {

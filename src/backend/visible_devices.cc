@@ -1,5 +1,5 @@
 // Parsing and formatting CUDA_VISIBLE_DEVICES.
-#include "visible_devices.h"
+#include "backend/visible_devices.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,5 +1,5 @@
 // WaitChannel: inotify watches on the lock directory and one ticket, plus the wake FIFO.
-#include "queue/wait_channel.h"
+#include "local/wait_channel.h"
 
 #include <poll.h>
 #include <sys/inotify.h>
