@@ -25,6 +25,8 @@
 
 namespace gpulock {
 
+class LeaseBackend;  // the library's own (src/backend/lease_backend.h)
+
 struct PoolOptions {
   // Where the lock files live; default_lock_directory() when unset (GPULOCK_DIR, then
   // /run/lock/gpulock, then /var/tmp/gpulock).
@@ -100,11 +102,8 @@ class GpuPool {
   // Notes about a doubtful set-up (e.g. the lock directory's mode), for the CLI to print.
   std::vector<std::string> warnings() const;
 
-  class Impl;
-
  private:
-  std::unique_ptr<Impl> impl_;
-  std::unique_ptr<class RedisPool> redis_;
+  std::unique_ptr<LeaseBackend> backend_;  // where the leases are kept: lock files or Redis
 };
 
 }  // namespace gpulock

@@ -20,6 +20,8 @@
 
 namespace gpulock {
 
+struct LeaseState;  // the library's own (src/backend/lease_state.h)
+
 struct LeasedGpu {
   unsigned index = 0;
   std::string display_index;  // "0", or "0:1" for a MIG instance
@@ -75,12 +77,15 @@ class Lease {
   // Releases the GPUs now (for this process: children holding the descriptors keep them).
   void release();
 
-  class Impl;
-  explicit Lease(std::unique_ptr<Impl> impl);
-  Impl* impl() { return impl_.get(); }  // for the library's own use (run.hpp)
+  // Made by the library's backends, which alone can fill in a LeaseState.
+  explicit Lease(std::unique_ptr<LeaseState> state);
 
  private:
-  std::unique_ptr<Impl> impl_;
+  // Hands the lease's keeper to a detached holder across a fork (run.hpp).
+  friend pid_t detach_lease(Lease& lease, pid_t watched_pid);
+
+  // What the lease is, and its backend's keeper; null once released.
+  std::unique_ptr<LeaseState> state_;
 };
 
 }  // namespace gpulock

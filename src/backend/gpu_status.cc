@@ -1,11 +1,9 @@
-// GpuPool::status(): every device with its state, holder and processes, read without locking.
-#include <unistd.h>
+// A GPU's state as `gpulock status` shows it (backend/gpu_status.h).
+#include "backend/gpu_status.h"
 
 #include <algorithm>
 
 #include "backend/device_fitness.h"
-#include "local/local_backend.h"
-#include "gpulock/error.hpp"
 #include "process/process_identity.h"
 #include "util/unix_time.h"
 
@@ -36,21 +34,7 @@ bool covered_by(unsigned pid, const HolderRecord& r) {
   });
 }
 
-const char* gpu_state_name(GpuState state) noexcept {
-  switch (state) {
-    case GpuState::kFree:
-      return "free";
-    case GpuState::kLeased:
-      return "leased";
-    case GpuState::kBusy:
-      return "busy";
-    case GpuState::kExcluded:
-      return "excluded";
-  }
-  return "free";
-}
-
-GpuStatus gpu_status_of(Device device, const LockProbe& p, const Config& config, bool device_here,
+GpuStatus gpu_status_of(Device device, const LockState& p, const Config& config, bool device_here,
                         bool holder_here) {
   GpuStatus gpu;
   if (device.mig_enabled.value_or(false)) {
@@ -107,31 +91,6 @@ void mark_reservations(PoolStatus& status, const QueueStatus& queue) {
     for (const auto& uuid : entry.reserved_gpus)
       for (auto& gpu : status.gpus)
         if (gpu.device.uuid == uuid && gpu.state == GpuState::kFree) gpu.reserved_for = entry;
-}
-
-PoolStatus GpuPool::Impl::status() {
-  PoolStatus status;
-  status.host = host_name();
-  status.device_source = source->description();
-  status.simulated = source->simulated();
-  status.lock_dir = dir.path().string();
-  status.taken_at = std::chrono::system_clock::now();
-  status.warnings = dir.warnings();
-  status.warnings.insert(status.warnings.end(), dir.advice().begin(), dir.advice().end());
-
-  std::vector<Device> devices = source->devices();
-  const QueueStatus queue_now = queue_status(&devices);
-  for (Device& device : devices) {
-    const LockProbe p = probe(device.uuid, true);
-    status.gpus.push_back(gpu_status_of(std::move(device), p, config, true, true));
-  }
-
-  status.queue_length = static_cast<int>(queue_now.entries.size());
-  status.queue_policy = queue_now.policy;
-  status.warnings.insert(status.warnings.end(), queue_now.warnings.begin(),
-                         queue_now.warnings.end());
-  mark_reservations(status, queue_now);
-  return status;
 }
 
 }  // namespace gpulock

@@ -1,17 +1,11 @@
-// Planning the machine's queue from its files, and describing it to people (`gpulock queue`).
-#include <unistd.h>
+// A planned queue's explanations for people (backend/queue_snapshot.h).
+#include "backend/queue_snapshot.h"
 
 #include <algorithm>
 #include <ctime>
-#include <map>
 
 #include <fmt/format.h>
 
-#include "backend/device_fitness.h"
-#include "local/local_backend.h"
-#include "gpulock/error.hpp"
-#include "process/process_identity.h"
-#include "util/random_id.h"
 #include "util/unix_time.h"
 
 namespace gpulock {
@@ -33,39 +27,6 @@ std::string request_summary(const Ticket& t) {
 }
 
 }  // namespace
-
-Ticket ticket_for_request(const LeaseRequest& request, std::size_t needed,
-                          const std::string& user) {
-  Ticket t;
-  t.id = make_lease_id();
-  t.uid = ::geteuid();
-  t.user = user;
-  t.process = self_process_id();
-  t.enqueued_at = unix_seconds(std::chrono::system_clock::now());
-  t.priority = request.priority;
-  t.needed = static_cast<unsigned>(needed);
-  t.named_gpus = !request.gpus.empty();
-  t.min_free_memory_bytes = request.min_free_memory_bytes;
-  t.max_utilization_percent = request.max_utilization_percent;
-  t.max_power_watts = request.max_power_watts;
-  t.allow_foreign_processes = request.allow_foreign_processes;
-  t.label = request.label;
-  t.command = request.command;
-  return t;
-}
-
-PlanRequest plan_request_for(const Ticket& t, const Config& config) {
-  PlanRequest r;
-  r.seq = t.seq;
-  r.uid = t.uid;
-  r.priority = t.priority;
-  r.needed = t.needed;
-  r.named_gpus = t.named_gpus;
-  r.entered_over_limit = t.entered_over_limit;
-  r.candidates = t.candidates;
-  r.limits = config.limits_for(t.user);
-  return r;
-}
 
 QueueEntry QueueSnapshot::entry_at(std::size_t position, const Config& config) const {
   const Placement& placement = plan.order[position];
@@ -114,28 +75,6 @@ Error not_served(const QueueSnapshot& snapshot, std::size_t me, bool waited,
   return Error(ErrorCode::kTimedOut, why);
 }
 
-std::map<std::string, std::string> unhealthy_candidates(
-    const Ticket& t, const std::function<const Device*(const std::string&)>& device_of) {
-  const LeaseRequest filters = health_filters_of(t);
-  std::map<std::string, std::string> reasons;
-  for (const auto& uuid : t.candidates) {
-    const Device* device = device_of(uuid);
-    if (device == nullptr) continue;
-    std::string reason = unready_reason(*device, filters);
-    if (!reason.empty()) reasons.emplace(uuid, std::move(reason));
-  }
-  return reasons;
-}
-
-LeaseRequest health_filters_of(const Ticket& t) {
-  LeaseRequest r;
-  r.min_free_memory_bytes = t.min_free_memory_bytes;
-  r.max_utilization_percent = t.max_utilization_percent;
-  r.max_power_watts = t.max_power_watts;
-  r.allow_foreign_processes = t.allow_foreign_processes;
-  return r;
-}
-
 std::string holder_summary(const HolderRecord& r) {
   std::string text =
       fmt::format("leased by {} since {} (lease {}", r.user, clock_time(r.started_at), r.lease_id);
@@ -157,9 +96,9 @@ std::vector<BlockingGpu> QueueSnapshot::blocking(std::size_t ticket) const {
     BlockingGpu b{g >= 0 ? gpu_names[g] : o.uuid, o.uuid, ""};
     switch (o.kind) {
       case Obstacle::Kind::kHeld:
-        b.reason = g >= 0 && probes[g].record           ? holder_summary(*probes[g].record)
-                   : g >= 0 && !probes[g].error.empty() ? probes[g].error
-                                                        : "leased (details unavailable)";
+        b.reason = g >= 0 && locks[g].record           ? holder_summary(*locks[g].record)
+                   : g >= 0 && !locks[g].error.empty() ? locks[g].error
+                                                       : "leased (details unavailable)";
         break;
       case Obstacle::Kind::kReserved:
         b.reason = fmt::format("reserved for {} (position {})", request_summary(tickets[*o.by]),
@@ -243,75 +182,6 @@ bool QueueSnapshot::health_dependent() const {
     for (const auto& o : placement.obstacles)
       if (o.kind == Obstacle::Kind::kUnhealthy) return true;
   return false;
-}
-
-const std::string& GpuPool::Impl::user_of(uid_t uid) {
-  std::lock_guard<std::mutex> lock(user_names_mutex_);
-  auto it = user_names_.find(uid);
-  if (it == user_names_.end()) it = user_names_.emplace(uid, user_name(uid)).first;
-  return it->second;
-}
-
-QueueSnapshot GpuPool::Impl::plan(const std::vector<Device>& devices,
-                                  const QueueDirectory::Listing& listing, const Ticket* newcomer,
-                                  bool with_records) {
-  QueueSnapshot snapshot;
-  snapshot.tickets = listing.live;
-  snapshot.warnings = listing.warnings;
-  if (newcomer) {
-    snapshot.tickets.push_back(*newcomer);
-    snapshot.tickets.back().seq = listing.highest_seq + 1;
-  }
-
-  std::map<std::string, const Device*> by_uuid;
-  for (const auto& d : devices) {
-    by_uuid[d.uuid] = &d;
-    PlannedGpu gpu{d.uuid, false, std::nullopt};
-    LockProbe p = probe(d.uuid, with_records);
-    gpu.held = p.locked || !p.error.empty();
-    if (p.record) gpu.holder_uid = p.record->uid;
-    snapshot.gpus.push_back(std::move(gpu));
-    snapshot.probes.push_back(std::move(p));
-    snapshot.gpu_names.push_back(d.display_index());
-  }
-
-  std::vector<PlanRequest> requests;
-  for (auto& t : snapshot.tickets) {
-    t.user = user_of(t.uid);  // the name this machine gives the ticket's owner
-    PlanRequest r = plan_request_for(t, config);
-    // A request that has not registered does not wait yet: the waiting limit is not its
-    // concern until it must (acquire() decides then).
-    if (newcomer && &t == &snapshot.tickets.back()) r.limits.max_waiting.reset();
-    if (const auto it = listing.last_served.find(t.uid); it != listing.last_served.end())
-      r.user_last_served = it->second;
-    const auto& reasons =
-        snapshot.unhealthy_reasons.emplace_back(unhealthy_candidates(t, [&](const std::string& u) {
-          const auto it = by_uuid.find(u);
-          return it == by_uuid.end() ? nullptr : it->second;
-        }));
-    for (const auto& [uuid, reason] : reasons) r.unhealthy.push_back(uuid);
-    requests.push_back(std::move(r));
-  }
-  snapshot.plan = plan_queue(
-      config.policy, snapshot.gpus, requests,
-      [this](const std::string& a, const std::string& b) { return source->distance(a, b); });
-  return snapshot;
-}
-
-QueueStatus GpuPool::Impl::queue_status(const std::vector<Device>* devices) {
-  QueueStatus status;
-  status.policy = queue_policy_name(config.policy);
-  status.config_source = config.source;
-  const QueueDirectory::Listing listing = list_queue(false);
-  status.warnings = listing.warnings;
-  // Nobody waits (the usual case): nothing to plan, so no device query or lock probes.
-  if (listing.live.empty()) return status;
-  const QueueSnapshot snapshot =
-      plan(devices ? *devices : source->devices(), listing, nullptr, true);
-  for (std::size_t position = 0; position < snapshot.plan.order.size(); ++position) {
-    status.entries.push_back(snapshot.entry_at(position, config));
-  }
-  return status;
 }
 
 }  // namespace gpulock

@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 
 #include "backend/device_fitness.h"
-#include "util/strings.h"
 #include "backend/visible_devices.h"
+#include "util/strings.h"
 
 namespace gpulock {
 

@@ -6,8 +6,8 @@
 
 #include <cerrno>
 
-#include "gpulock/error.hpp"
 #include "backend/holder_record.h"
+#include "gpulock/error.hpp"
 #include "util/fd.h"
 
 namespace gpulock {

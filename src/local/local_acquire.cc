@@ -1,28 +1,24 @@
-// GpuPool: opening a pool, and acquiring leases (all-or-nothing, waiting without polling).
-#include "gpulock/gpu_pool.hpp"
+// LocalBackend::acquire(): taking GPUs all-or-nothing under the machine-wide acquire mutex, in
+// the queue's order, and waiting without polling.
+#include "local/local_backend.h"
 
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <ctime>
 #include <map>
-#include <random>
 #include <set>
-#include <thread>
 
 #include <fmt/format.h>
 
 #include "backend/device_fitness.h"
-#include "local/local_backend.h"
+#include "backend/lease_state.h"
+#include "backend/queue_request.h"
+#include "backend/request_checks.h"
 #include "gpulock/error.hpp"
 #include "gpulock/parse.hpp"
-#include "lease_impl.h"
 #include "local/gpu_lock_file.h"
+#include "local/local_lease_keeper.h"
 #include "process/process_identity.h"
-#include "redis/redis_backend.h"
-#include "redis/redis_settings.h"
-#include "backend/request_checks.h"
 #include "queue/selection.h"
 #include "util/random_id.h"
 #include "util/strings.h"
@@ -53,116 +49,28 @@ constexpr auto kAcquireMutexGrace = std::chrono::seconds(2);
 
 }  // namespace
 
-void GpuPool::Impl::take_acquire_mutex(Clock::time_point give_up) {
-  // Polled rather than blocking (F_OFD_SETLKW), so that a process stopped inside its critical
-  // section, or one holding the 0666 mutex file's lock on purpose, cannot hang every request:
-  // they time out (75) with an explanation instead. The mutex is held for well under a
-  // millisecond, so the pause is short and random (a doubling back-off let later arrivals with
-  // short pauses take every free slot from earlier ones); only after 100 ms of failing, when
-  // something is wrong with the holder, does it grow, to spare the CPU.
-  const auto started = Clock::now();
-  auto pause = std::chrono::microseconds(1000);
-  thread_local std::minstd_rand jitter(static_cast<unsigned>(::getpid()));
-  while (!try_lock_exclusive(acquire_mutex_fd_.get())) {
-    if (Clock::now() >= give_up) {
-      throw Error(ErrorCode::kTimedOut,
-                  fmt::format("the machine-wide acquire lock {} is held by another process and "
-                              "was not released in time (a stopped or misbehaving process?)",
-                              (dir.path() / ".acquire.lock").string()));
-    }
-    if (Clock::now() - started < std::chrono::milliseconds(100)) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20 + jitter() % 180));
-    } else {
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(10000));
-    }
-  }
-}
-
-GpuPool::Impl::ChannelLoan::~ChannelLoan() {
-  if (!channel_) return;
-  channel_->reset();
-  std::lock_guard<std::mutex> lock(pool_.channels_mutex_);
-  pool_.idle_channels_.push_back(std::move(channel_));
-}
-
-void GpuPool::Impl::ChannelLoan::take() {
-  if (channel_) return;
-  {
-    std::lock_guard<std::mutex> lock(pool_.channels_mutex_);
-    if (!pool_.idle_channels_.empty()) {
-      channel_ = std::move(pool_.idle_channels_.back());
-      pool_.idle_channels_.pop_back();
-    }
-  }
-  if (!channel_) channel_ = std::make_unique<WaitChannel>();
-}
-
-GpuPool::Impl::Impl(std::unique_ptr<DeviceSource> source_in, PoolOptions options_in)
-    : source(std::move(source_in)),
-      options(std::move(options_in)),
-      config(options.config ? *options.config : load_config()),
-      dir(LockDirectory::open(options.lock_dir.value_or(default_lock_directory()))) {}
-
-QueueDirectory* GpuPool::Impl::queue_dir(bool create) {
-  std::lock_guard<std::mutex> lock(queue_dir_mutex_);
-  if (!queue_dir_) queue_dir_ = QueueDirectory::open(dir, create);
-  return queue_dir_.get();
-}
-
-void GpuPool::Impl::note_served() {
-  try {
-    queue_dir(true)->mark_served();
-  } catch (const Error&) {
-    // A lock directory we may not create the queue in: only fair-share ties are affected.
-  }
-}
-
-QueueDirectory::Listing GpuPool::Impl::list_queue(bool remove_dead) {
-  QueueDirectory* queue = queue_dir(false);
-  return queue ? queue->list(remove_dead) : QueueDirectory::Listing{};
-}
-
-LockProbe GpuPool::Impl::probe(const std::string& uuid, bool with_record) const {
-  LockProbe result;
-  try {
-    UniqueFd fd = dir.open_lock_file_for_reading(uuid);
-    if (!fd) return result;  // no lock file: nobody has ever locked this GPU
-    result.locked = is_locked_elsewhere(fd.get());
-    if (result.locked && with_record) {
-      result.record = parse_holder_record(read_record_bytes(fd.get()));
-      // A record left by an earlier lease, or one not naming this GPU, says nothing about now.
-      if (result.record && std::find(result.record->gpus.begin(), result.record->gpus.end(),
-                                     uuid) == result.record->gpus.end())
-        result.record.reset();
-    }
-  } catch (const Error& error) {
-    result.error = error.what();
-  }
-  return result;
-}
-
-std::optional<Lease> GpuPool::Impl::try_lock(const std::vector<const Device*>& chosen,
-                                             const LeaseRequest& request, bool& replaced) {
-  auto impl = std::make_unique<Lease::Impl>();
+std::optional<Lease> LocalBackend::try_lock(const std::vector<const Device*>& chosen,
+                                            const LeaseRequest& request, bool& replaced) {
+  auto lease = std::make_unique<LeaseState>();
+  std::vector<UniqueFd> fds;
   replaced = false;
   for (const Device* d : chosen) {
-    UniqueFd fd = dir.open_lock_file(d->uuid);
+    UniqueFd fd = dir_.open_lock_file(d->uuid);
     if (!try_lock_exclusive(fd.get())) return std::nullopt;  // held outside gpulock's protocol
-    if (!dir.is_current_lock_file(fd.get(), d->uuid)) {
+    if (!dir_.is_current_lock_file(fd.get(), d->uuid)) {
       // Deleted or replaced between our open and our lock: the lock guards nothing.
       replaced = true;
       return std::nullopt;
     }
-    impl->raw_fds.push_back(fd.get());
-    impl->fds.push_back(std::move(fd));
-    impl->gpus.push_back(
+    fds.push_back(std::move(fd));
+    lease->gpus.push_back(
         LeasedGpu{d->index, d->display_index(), d->uuid, d->name, d->is_mig_instance()});
   }
-  impl->id = make_lease_id();
-  impl->started_at = std::chrono::system_clock::now();
-  HolderRecord& record = impl->record;
-  record.lease_id = impl->id;
+  lease->keeper = std::make_unique<LocalLeaseKeeper>(std::move(fds));
+  lease->id = make_lease_id();
+  lease->started_at = std::chrono::system_clock::now();
+  HolderRecord& record = lease->record;
+  record.lease_id = lease->id;
   record.uid = ::geteuid();
   record.user = user_of(record.uid);
   record.host = host_name();
@@ -171,22 +79,22 @@ std::optional<Lease> GpuPool::Impl::try_lock(const std::vector<const Device*>& c
   record.holder = self_process_id();
   record.command = request.command;
   record.label = request.label;
-  record.started_at = unix_seconds(impl->started_at);
-  for (const auto& gpu : impl->gpus) record.gpus.push_back(gpu.uuid);
-  impl->write_records();
-  return Lease(std::move(impl));
+  record.started_at = unix_seconds(lease->started_at);
+  for (const auto& gpu : lease->gpus) record.gpus.push_back(gpu.uuid);
+  lease->keeper->publish_record(record);
+  return Lease(std::move(lease));
 }
 
-Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
+Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
   validate_request(request);
   const auto start = Clock::now();
   const Clock::time_point deadline = wait_deadline(request, start);
   const std::size_t needed = request.gpus.empty() ? request.count : request.gpus.size();
   const std::string& user = user_of(::geteuid());
-  check_gpu_limit(needed, user, config);
+  check_gpu_limit(needed, user, config_);
   const bool any_gpu_limit = [this] {
-    if (config.default_limits.max_gpus) return true;
-    for (const auto& [name, user_limits] : config.per_user)
+    if (config_.default_limits.max_gpus) return true;
+    for (const auto& [name, user_limits] : config_.per_user)
       if (user_limits.max_gpus) return true;
     return false;
   }();
@@ -216,7 +124,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
   std::string last_progress;
 
   while (true) {
-    const std::vector<Device> devices = source->devices();
+    const std::vector<Device> devices = source_->devices();
 
     // 1. Which devices could serve this request at all.
     std::vector<const Device*> pool;
@@ -228,7 +136,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
     std::vector<const Device*> candidates;
     std::vector<std::string> never_reasons;
     for (const Device* d : pool) {
-      std::string never = never_reason(*d, request, config);
+      std::string never = never_reason(*d, request, config_);
       if (never.empty()) never = outside_visible_reason(*d, request);
       if (!never.empty()) {
         // Devices the caller did not name are silently unsuitable; named ones must all be usable.
@@ -254,7 +162,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
     bool backup_dispatcher = false;  // a dispatcher other than the oldest waiter
     {
       std::lock_guard<std::mutex> guard(acquire_mutex_);
-      if (!acquire_mutex_fd_) acquire_mutex_fd_ = dir.open_acquire_mutex();
+      if (!acquire_mutex_fd_) acquire_mutex_fd_ = dir_.open_acquire_mutex();
       take_acquire_mutex(std::max(deadline, start + kAcquireMutexGrace));
       struct Unlocker {
         int fd;
@@ -270,7 +178,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
       if (!others_wait && !any_gpu_limit && request.gpus.empty() && needed == 1) {
         for (const Device* d : candidates) {
           if (!unready_reason(*d, request).empty()) continue;
-          const LockProbe p = probe(d->uuid, false);
+          const LockState p = probe(d->uuid, false);
           if (!p.error.empty()) break;  // let the plan below explain it
           if (p.locked) continue;
           bool replaced = false;
@@ -294,8 +202,8 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
       std::size_t unusable = 0;
       for (const Device* d : candidates) {
         const int g = snapshot.gpu_index(d->uuid);
-        if (g >= 0 && !snapshot.probes[g].error.empty()) {
-          never_reasons.push_back(snapshot.probes[g].error);
+        if (g >= 0 && !snapshot.locks[g].error.empty()) {
+          never_reasons.push_back(snapshot.locks[g].error);
           ++unusable;
         }
       }
@@ -345,7 +253,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
             listing.live.begin(), listing.live.end(),
             [&](const Ticket& t) { return t.uid == wanted.uid && !t.entered_over_limit; });
         const bool over_limit =
-            waits_over_limit(static_cast<std::size_t>(waiting_now), user, config);
+            waits_over_limit(static_cast<std::size_t>(waiting_now), user, config_);
         // Register, then plan again with the ticket in place to set up our watches.
         wanted.seq = listing.highest_seq + 1;
         wanted.entered_over_limit = over_limit;
@@ -375,7 +283,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
         backup_dispatcher = dispatcher && k > 0;
         // Having just started to watch, look at the locks again: a release between our look
         // and the watch would otherwise go unnoticed.
-        const bool now_following = channel->watch_releases(dir.fd(), dispatcher);
+        const bool now_following = channel->watch_releases(dir_.fd(), dispatcher);
         if (channel->watch_departures(queue.fd(), dispatcher) || now_following) continue;
         const Ticket* watched = k > 0 ? &live[k - 1] : live.size() > 1 ? &live.back() : nullptr;
         if (watched) {
@@ -392,7 +300,7 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
     for (std::size_t g = 0; g < snapshot.gpus.size(); ++g) {
       // Records are skipped while planning when nobody's share depends on them; people want
       // to know who holds what.
-      LockProbe& p = snapshot.probes[g];
+      LockState& p = snapshot.locks[g];
       if (p.locked && !p.record && p.error.empty()) p = probe(snapshot.gpus[g].uuid, true);
     }
     const std::vector<BlockingGpu> blocking = snapshot.blocking(me);
@@ -401,14 +309,14 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
       for (const Device* d : candidates) {
         const int g = snapshot.gpu_index(d->uuid);
         if (g < 0) continue;
-        const auto& record = snapshot.probes[g].record;
+        const auto& record = snapshot.locks[g].record;
         if (record && record->lease_id == *request.enclosing_lease_id)
           own.push_back(d->display_index());
       }
       check_enclosing_lease(own, candidates.size(), needed, *request.enclosing_lease_id);
     }
     const Placement& mine = snapshot.plan.of(me);
-    const std::string blocked_by = snapshot.blocked_by(me, config);
+    const std::string blocked_by = snapshot.blocked_by(me, config_);
     const int position = static_cast<int>(snapshot.plan.position_of[me]) + 1;
     if (!request.wait || Clock::now() >= deadline)
       throw not_served(snapshot, me, request.wait, blocking, blocked_by);
@@ -423,9 +331,9 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
     }
 
     // Only the dispatcher follows releases and GPU health; the others sleep until woken.
-    auto sleep = !dispatcher                   ? options.safety_recheck_interval * 6
-                 : snapshot.health_dependent() ? options.health_recheck_interval
-                                               : options.safety_recheck_interval;
+    auto sleep = !dispatcher                   ? options_.safety_recheck_interval * 6
+                 : snapshot.health_dependent() ? options_.health_recheck_interval
+                                               : options_.safety_recheck_interval;
     if (quick_rechecks > 0) {
       sleep = std::min(sleep, kQuickRechecks[std::size(kQuickRechecks) - quick_rechecks]);
       --quick_rechecks;
@@ -456,70 +364,6 @@ Lease GpuPool::Impl::acquire(const LeaseRequest& request, const WaitHooks& hooks
       if (!woke.timed_out() || now >= wake_at || now >= deadline || hooks.progress_refresh) break;
     }
   }
-}
-
-GpuPool GpuPool::open(PoolOptions options) {
-  return GpuPool(open_device_source(), std::move(options));
-}
-
-GpuPool::GpuPool(std::unique_ptr<DeviceSource> devices, PoolOptions options) {
-  Config config = options.config ? *options.config : load_config();
-  if (auto redis = resolve_backend(options, config)) {
-    redis_ = std::make_unique<RedisPool>(std::move(devices), std::move(config), options,
-                                         std::move(*redis));
-  } else {
-    options.config = std::move(config);
-    impl_ = std::make_unique<Impl>(std::move(devices), std::move(options));
-  }
-}
-GpuPool::GpuPool(GpuPool&&) noexcept = default;
-GpuPool& GpuPool::operator=(GpuPool&&) noexcept = default;
-GpuPool::~GpuPool() = default;
-
-Lease GpuPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
-  return redis_ ? redis_->acquire(request, hooks) : impl_->acquire(request, hooks);
-}
-PoolStatus GpuPool::status() {
-  return redis_ ? redis_->status(/*whole_pool=*/false) : impl_->status();
-}
-PoolStatus GpuPool::pool_status() {
-  return redis_ ? redis_->status(/*whole_pool=*/true) : impl_->status();
-}
-QueueStatus GpuPool::queue() {
-  return redis_ ? redis_->queue() : impl_->queue_status();
-}
-const Config& GpuPool::config() const {
-  return redis_ ? redis_->config() : impl_->config;
-}
-std::vector<Device> GpuPool::devices() {
-  return device_source().devices();
-}
-void GpuPool::release(const std::string& lease_id) {
-  if (redis_) return redis_->release(lease_id);
-  impl_->release(lease_id);
-}
-void GpuPool::prepare() {
-  if (redis_) return;  // nothing on disk to prepare
-  std::vector<std::string> uuids;
-  for (const auto& device : impl_->source->devices()) uuids.push_back(device.uuid);
-  impl_->dir.prepare(uuids);
-  impl_->queue_dir(true)->prepare();
-}
-std::vector<DoctorCheck> GpuPool::doctor() {
-  return redis_ ? redis_->doctor() : impl_->doctor();
-}
-std::string GpuPool::backend_name() const {
-  return redis_ ? "redis" : "file";
-}
-DeviceSource& GpuPool::device_source() {
-  return redis_ ? redis_->device_source() : *impl_->source;
-}
-const std::filesystem::path& GpuPool::lock_dir() const {
-  static const std::filesystem::path none;
-  return redis_ ? none : impl_->dir.path();
-}
-std::vector<std::string> GpuPool::warnings() const {
-  return redis_ ? std::vector<std::string>{} : impl_->dir.warnings();
 }
 
 }  // namespace gpulock

@@ -10,10 +10,10 @@
 
 #include <fmt/format.h>
 
-#include "local/local_backend.h"
 #include "gpulock/error.hpp"
-#include "process/process_identity.h"
+#include "local/local_backend.h"
 #include "local/wait_channel.h"
+#include "process/process_identity.h"
 #include "util/random_id.h"
 #include "util/strings.h"
 
@@ -49,15 +49,15 @@ bool send_signal(int pidfd, pid_t pid, int signal) {
 
 }  // namespace
 
-void GpuPool::Impl::release(const std::string& lease_id) {
+void LocalBackend::release(const std::string& lease_id) {
   if (!is_lease_id(lease_id))
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("'{}' is not a lease id (16 hex digits, as `gpulock status` shows)",
                             sanitize_for_display(lease_id, 40)));
   std::optional<HolderRecord> found;
   std::vector<std::string> uuids;
-  for (const Device& device : source->devices()) {
-    const LockProbe p = probe(device.uuid, true);
+  for (const Device& device : source_->devices()) {
+    const LockState p = probe(device.uuid, true);
     if (!p.locked || !p.record || p.record->lease_id != lease_id) continue;
     // Records are untrusted: someone could plant one naming this lease on a GPU they locked.
     // All records of the lease must agree on who holds it.
@@ -92,7 +92,7 @@ void GpuPool::Impl::release(const std::string& lease_id) {
   const auto owner = process_uid(pid);
   bool holds_files = is_alive(found->holder) && owner && *owner == found->uid;
   for (const auto& uuid : uuids)
-    holds_files = holds_files && process_has_file_open(pid, dir.lock_file_path(uuid));
+    holds_files = holds_files && process_has_file_open(pid, dir_.lock_file_path(uuid));
   if (!holds_files || !is_alive(found->holder))
     throw Error(ErrorCode::kInternal,
                 fmt::format("lease {} is held, but its recorded holder (pid {}) is not the process "
@@ -101,7 +101,7 @@ void GpuPool::Impl::release(const std::string& lease_id) {
 
   // Watch before signalling, so that the release cannot come before the watch.
   WaitChannel releases;
-  releases.watch_releases(dir.fd(), true);
+  releases.watch_releases(dir_.fd(), true);
   if (!send_signal(pidfd.get(), pid, SIGTERM)) {
     throw Error(errno == EPERM ? ErrorCode::kPermissionDenied : ErrorCode::kInternal,
                 fmt::format("cannot stop the holder of lease {} (pid {}): {}", lease_id, pid,
@@ -111,7 +111,7 @@ void GpuPool::Impl::release(const std::string& lease_id) {
   while (std::chrono::steady_clock::now() < deadline) {
     bool still_held = false;
     for (const auto& uuid : uuids) {
-      const LockProbe p = probe(uuid, true);
+      const LockState p = probe(uuid, true);
       if (p.locked && p.record && p.record->lease_id == lease_id) still_held = true;
     }
     if (!still_held) return;

@@ -20,9 +20,9 @@
 
 #include <fmt/format.h>
 
+#include "backend/lease_state.h"
 #include "gpulock/error.hpp"
 #include "gpulock/run.hpp"
-#include "lease_impl.h"
 #include "process/process_identity.h"
 #include "util/fd.h"
 
@@ -37,7 +37,8 @@ void close_all_except(const std::set<int>& keep) {
     if (!keep.contains(fd)) ::close(fd);
 }
 
-[[noreturn]] void hold_until_done(Lease& lease, const ProcessId& watched, int pidfd, int ready_fd) {
+[[noreturn]] void hold_until_done(Lease& lease, LeaseKeeper* keeper, const ProcessId& watched,
+                                  int pidfd, int ready_fd) {
   const int null_fd = ::open("/dev/null", O_RDWR);
   if (null_fd >= 0) {
     ::dup2(null_fd, 0);
@@ -59,8 +60,8 @@ void close_all_except(const std::set<int>& keep) {
   std::set<int> keep(lease.lock_fds().begin(), lease.lock_fds().end());
   keep.insert({pidfd, ready_fd, signals});
   close_all_except(keep);
-  // A Redis lease is renewed from here on, by this process.
-  if (LeaseKeeper* keeper = lease.impl()->keeper.get()) keeper->resume_in_child();
+  // A lease that is renewed (Redis) is renewed from here on, by this process.
+  if (keeper) keeper->resume_in_child();
 
   lease.set_holder(::getpid(), "detached", watched.pid);
   const pid_t self = ::getpid();  // "ready": the holder's pid
@@ -103,7 +104,7 @@ pid_t detach_lease(Lease& lease, pid_t watched_pid) {
                 fmt::format("--for-pid {}: the process exited", watched_pid));
 
   // No thread may hold a lock across fork: the keeper's renewals stop until the holder resumes.
-  LeaseKeeper* keeper = lease.impl() ? lease.impl()->keeper.get() : nullptr;
+  LeaseKeeper* keeper = lease.state_ ? lease.state_->keeper.get() : nullptr;
   if (keeper) keeper->prepare_fork();
   int ready_pipe[2];
   if (::pipe2(ready_pipe, O_CLOEXEC) != 0)
@@ -115,7 +116,7 @@ pid_t detach_lease(Lease& lease, pid_t watched_pid) {
   if (middle == 0) {
     ::setsid();
     const pid_t holder = ::fork();
-    if (holder == 0) hold_until_done(lease, *watched, pidfd.get(), ready_write.get());
+    if (holder == 0) hold_until_done(lease, keeper, *watched, pidfd.get(), ready_write.get());
     ::_exit(holder < 0 ? 1 : 0);
   }
   ready_write.reset();

@@ -1,4 +1,4 @@
-// RedisPool::acquire(): plan from a snapshot, take the planned GPUs with one atomic script, and
+// RedisBackend::acquire(): plan from a snapshot, take the planned GPUs with one atomic script, and
 // otherwise wait in the pool's queue (a ticket renewed by heartbeats, woken by pub/sub).
 #include <unistd.h>
 
@@ -10,13 +10,15 @@
 #include <fmt/format.h>
 
 #include "backend/device_fitness.h"
-#include "gpulock/error.hpp"
-#include "lease_impl.h"
-#include "process/process_identity.h"
-#include "redis/redis_lease_keeper.h"
-#include "redis/redis_backend.h"
-#include "redis/redis_scripts.h"
+#include "backend/lease_state.h"
+#include "backend/queue_request.h"
+#include "backend/queue_snapshot.h"
 #include "backend/request_checks.h"
+#include "gpulock/error.hpp"
+#include "process/process_identity.h"
+#include "redis/redis_backend.h"
+#include "redis/redis_lease_keeper.h"
+#include "redis/redis_scripts.h"
 #include "util/random_id.h"
 #include "util/strings.h"
 #include "util/unix_time.h"
@@ -44,7 +46,7 @@ std::string join_names(const std::vector<std::string>& names) {
 
 }  // namespace
 
-Lease RedisPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
+Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
   validate_request(request);
   const auto start = Clock::now();
   const Clock::time_point deadline = wait_deadline(request, start);
@@ -82,7 +84,7 @@ Lease RedisPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
   std::unique_ptr<RedisConnection> subscriber;
   // The ticket while this request waits in the queue; it leaves the queue however we return.
   struct TicketGuard {
-    RedisPool& pool;
+    RedisBackend& pool;
     RedisConnectionLoan& connection;
     std::string id;
     ~TicketGuard() {
@@ -239,26 +241,24 @@ Lease RedisPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
         if (!reply.elements.empty() && reply.elements[0].text == "ok" &&
             reply.elements.size() == 2 + chosen.size()) {
           ticket.id.clear();  // the script removed it
-          auto impl = std::make_unique<Lease::Impl>();
-          impl->id = lease_id;
+          auto lease = std::make_unique<LeaseState>();
+          lease->id = lease_id;
           for (const Gpu* g : chosen)
-            impl->gpus.push_back(LeasedGpu{g->device.index, g->device.display_index(),
-                                           g->device.uuid, g->device.name,
-                                           g->device.is_mig_instance()});
-          impl->started_at = started_at;
-          impl->record = record;
-          impl->fencing_token = std::stoull(reply.elements[1].text);
-          impl->host = gpu_host;
+            lease->gpus.push_back(LeasedGpu{g->device.index, g->device.display_index(),
+                                            g->device.uuid, g->device.name,
+                                            g->device.is_mig_instance()});
+          lease->started_at = started_at;
+          lease->record = record;
           RedisLeaseTerms terms{settings_.version_key(),
                                 settings_.lease_ttl,
                                 lease_id,
-                                impl->fencing_token,
+                                std::stoull(reply.elements[1].text),
                                 record.gpus,
                                 user,
                                 gpu_host};
-          impl->keeper =
+          lease->keeper =
               std::make_unique<RedisLeaseKeeper>(std::move(terms), record_json, connections_, sent);
-          return Lease(std::move(impl));
+          return Lease(std::move(lease));
         }
         continue;  // the pool changed since the snapshot: plan again
       }
@@ -297,8 +297,8 @@ Lease RedisPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
         std::vector<std::string> own;
         for (const Gpu* g : candidates) {
           const int i = q.gpu_index(g->device.uuid);
-          if (i >= 0 && q.probes[i].record &&
-              q.probes[i].record->lease_id == *request.enclosing_lease_id)
+          if (i >= 0 && q.locks[i].record &&
+              q.locks[i].record->lease_id == *request.enclosing_lease_id)
             own.push_back(q.gpu_names[i]);
         }
         check_enclosing_lease(own, candidates.size(), needed, *request.enclosing_lease_id);

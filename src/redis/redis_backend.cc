@@ -1,4 +1,4 @@
-// RedisPool: registration of this host's GPUs, reading the pool (snapshot) and planning it.
+// RedisBackend: registration of this host's GPUs, reading the pool (snapshot) and planning it.
 #include "redis/redis_backend.h"
 
 #include <unistd.h>
@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/device_fitness.h"
+#include "backend/queue_request.h"
 #include "gpulock/error.hpp"
 #include "gpulock/version.hpp"
 #include "redis/device_record.h"
@@ -51,8 +52,8 @@ long long integer_of(const RedisValue& value) {
 
 }  // namespace
 
-RedisPool::RedisPool(std::unique_ptr<DeviceSource> source, Config config,
-                     const PoolOptions& options, RedisSettings settings)
+RedisBackend::RedisBackend(std::unique_ptr<DeviceSource> source, Config config,
+                           const PoolOptions& options, RedisSettings settings)
     : source_(std::move(source)),
       config_(std::move(config)),
       options_(options),
@@ -60,8 +61,8 @@ RedisPool::RedisPool(std::unique_ptr<DeviceSource> source, Config config,
       connections_(std::make_shared<RedisConnectionCache>(settings_.endpoint,
                                                           std::chrono::milliseconds(5000))) {}
 
-std::optional<Device> RedisPool::registered_device(const std::string& static_json,
-                                                   const std::string& readings_json) {
+std::optional<Device> RedisBackend::registered_device(const std::string& static_json,
+                                                      const std::string& readings_json) {
   // Parsing is most of a large snapshot's cost, and a registration changes at most every 30 s:
   // a waiter that plans on every event, or a process showing status repeatedly, parses each
   // registration once.
@@ -77,13 +78,13 @@ std::optional<Device> RedisPool::registered_device(const std::string& static_jso
   return device;
 }
 
-uid_t RedisPool::plan_uid(const std::string& user) {
+uid_t RedisBackend::plan_uid(const std::string& user) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto [it, added] = plan_uids_.emplace(user, static_cast<uid_t>(plan_uids_.size() + 1));
   return it->second;
 }
 
-std::vector<Device> RedisPool::register_devices(RedisConnection& connection, bool force) {
+std::vector<Device> RedisBackend::register_devices(RedisConnection& connection, bool force) {
   std::vector<Device> devices = source_->devices();
   std::vector<std::string> args{
       settings_.host, nlohmann::json{{"gpulock", GPULOCK_VERSION_STRING},
@@ -110,8 +111,9 @@ std::vector<Device> RedisPool::register_devices(RedisConnection& connection, boo
   return devices;
 }
 
-RedisPool::Snapshot RedisPool::snapshot(RedisConnection& connection, const std::string& host_filter,
-                                        const std::vector<Device>& local_devices) {
+RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
+                                              const std::string& host_filter,
+                                              const std::vector<Device>& local_devices) {
   const RedisValue reply =
       connection.run(redis_scripts::kSnapshot, {settings_.version_key()}, {host_filter});
   Snapshot out;
@@ -196,9 +198,9 @@ RedisPool::Snapshot RedisPool::snapshot(RedisConnection& connection, const std::
   return out;
 }
 
-RedisPool::Snapshot RedisPool::registered_snapshot(RedisConnection& connection,
-                                                   const std::string& host_filter,
-                                                   std::vector<Device>& local_devices) {
+RedisBackend::Snapshot RedisBackend::registered_snapshot(RedisConnection& connection,
+                                                         const std::string& host_filter,
+                                                         std::vector<Device>& local_devices) {
   Snapshot snap = snapshot(connection, host_filter, local_devices);
   if (std::none_of(snap.hosts.begin(), snap.hosts.end(),
                    [&](const HostEntry& h) { return h.name == settings_.host; })) {
@@ -210,7 +212,7 @@ RedisPool::Snapshot RedisPool::registered_snapshot(RedisConnection& connection,
   return snap;
 }
 
-QueueSnapshot RedisPool::plan(const Snapshot& snap, const Ticket* newcomer) {
+QueueSnapshot RedisBackend::plan(const Snapshot& snap, const Ticket* newcomer) {
   QueueSnapshot q;
   q.tickets = snap.tickets;
   q.warnings = snap.warnings;
@@ -223,19 +225,19 @@ QueueSnapshot RedisPool::plan(const Snapshot& snap, const Ticket* newcomer) {
   for (const Gpu& gpu : snap.gpus) {
     by_uuid[gpu.device.uuid] = &gpu;
     PlannedGpu planned{gpu.device.uuid, !gpu.lock.empty(), std::nullopt};
-    LockProbe probe;
+    LockState lock;
     if (gpu.lock == "!garbage") {
-      probe.error = fmt::format("its lock key in Redis holds something that is not a lease");
+      lock.error = fmt::format("its lock key in Redis holds something that is not a lease");
     } else if (!gpu.lock.empty()) {
-      probe.locked = true;
+      lock.locked = true;
       if (const auto it = snap.leases.find(gpu.lock);
           it != snap.leases.end() && it->second.record) {
-        probe.record = it->second.record;
-        planned.holder_uid = plan_uid(probe.record->user);
+        lock.record = it->second.record;
+        planned.holder_uid = plan_uid(lock.record->user);
       }
     }
     q.gpus.push_back(std::move(planned));
-    q.probes.push_back(std::move(probe));
+    q.locks.push_back(std::move(lock));
     q.gpu_names.push_back(gpu.local ? gpu.device.display_index()
                                     : gpu.host + "/" + gpu.device.display_index());
   }

@@ -1,4 +1,4 @@
-// RedisPool: the Redis backend behind GpuPool: one pool of GPUs across hosts and containers.
+// RedisBackend: one pool of GPUs across hosts and containers, kept in a Redis server.
 //
 // Each process registers its host's GPUs, reads the pool in one script call (snapshot), plans
 // the queue with the same planner as the local backend, and takes or releases GPUs with atomic
@@ -17,28 +17,35 @@
 #include <unordered_map>
 #include <vector>
 
-#include "local/local_backend.h"
-#include "gpulock/gpu_pool.hpp"
 #include "backend/holder_record.h"
+#include "backend/lease_backend.h"
+#include "backend/queue_snapshot.h"
+#include "gpulock/gpu_pool.hpp"
 #include "queue/ticket.h"
 #include "redis/redis_connection_cache.h"
 #include "redis/redis_settings.h"
 
 namespace gpulock {
 
-class RedisPool {
+class RedisBackend final : public LeaseBackend {
  public:
-  RedisPool(std::unique_ptr<DeviceSource> source, Config config, const PoolOptions& options,
-            RedisSettings settings);
+  RedisBackend(std::unique_ptr<DeviceSource> source, Config config, const PoolOptions& options,
+               RedisSettings settings);
 
-  Lease acquire(const LeaseRequest& request, const WaitHooks& hooks);
-  PoolStatus status(bool whole_pool);
-  QueueStatus queue();
-  void release(const std::string& lease_id);
-  std::vector<DoctorCheck> doctor();
+  Lease acquire(const LeaseRequest& request, const WaitHooks& hooks) override;
+  PoolStatus status() override { return status(/*whole_pool=*/false); }
+  PoolStatus pool_status() override { return status(/*whole_pool=*/true); }
+  QueueStatus queue() override;
+  void release(const std::string& lease_id) override;
+  std::vector<DoctorCheck> doctor() override;
+  void prepare() override {}  // nothing on this machine to prepare
+
+  std::string name() const override { return "redis"; }
+  const Config& config() const override { return config_; }
+  DeviceSource& device_source() override { return *source_; }
+  const std::filesystem::path& lock_dir() const override;  // empty: there is none
+  std::vector<std::string> warnings() const override { return {}; }
   const RedisSettings& settings() const { return settings_; }
-  const Config& config() const { return config_; }
-  DeviceSource& device_source() { return *source_; }
 
   // The pool as one snapshot script call read it.
   struct Gpu {
@@ -88,6 +95,7 @@ class RedisPool {
   // The number standing for a user in plans (users are the same person on every host by name).
   uid_t plan_uid(const std::string& user);
   GpuStatus describe(const Gpu& gpu, const Snapshot& snapshot) const;
+  PoolStatus status(bool whole_pool);
 
   std::unique_ptr<DeviceSource> source_;
   Config config_;

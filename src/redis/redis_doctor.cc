@@ -1,4 +1,4 @@
-// RedisPool::doctor(): what an administrator checks first when the Redis backend misbehaves.
+// RedisBackend::doctor(): what an administrator checks first when the Redis backend misbehaves.
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -39,7 +39,7 @@ std::string expected_type(const std::string& key, const std::string& prefix) {
 
 }  // namespace
 
-std::vector<DoctorCheck> RedisPool::doctor() {
+std::vector<DoctorCheck> RedisBackend::doctor() {
   std::vector<DoctorCheck> checks;
   const auto add = [&](Level level, std::string name, std::string detail) {
     checks.push_back(DoctorCheck{level, std::move(name), std::move(detail)});

@@ -82,6 +82,10 @@ void RedisLeaseKeeper::stop() {
   thread_.reset();
 }
 
+void RedisLeaseKeeper::publish_record(const HolderRecord& record) {
+  update_record(holder_record_json(record));
+}
+
 void RedisLeaseKeeper::update_record(const std::string& record_json) {
   {
     std::lock_guard<std::mutex> lock(mutex_);

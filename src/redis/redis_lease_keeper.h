@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -44,7 +45,12 @@ class RedisLeaseKeeper final : public LeaseKeeper {
                    Clock::time_point confirmed_at);
   ~RedisLeaseKeeper() override;
 
-  void update_record(const std::string& record_json) override;
+  // Publishes the record (as holder_record_json) with the next renewal, done at once.
+  void publish_record(const HolderRecord& record) override;
+  void update_record(const std::string& record_json);
+  std::span<const int> lock_fds() const override { return {}; }
+  std::uint64_t fencing_token() const override { return terms_.token; }
+  const std::string& gpu_host() const override { return terms_.gpu_host; }
   bool lost() const override { return lost_.load(); }
   void on_lost(std::function<void(const std::string&)> callback) override;
   void prepare_fork() override;

@@ -1,4 +1,4 @@
-// Choosing the backend from flags, environment and config.
+// A Redis pool's settings from flags, environment and config.
 #include "redis/redis_settings.h"
 
 #include <cstdlib>
@@ -61,16 +61,10 @@ std::string registered_host_name() {
   return cleaned.empty() ? "localhost" : cleaned.substr(0, 128);
 }
 
-std::optional<RedisSettings> resolve_backend(const PoolOptions& options, const Config& config) {
-  std::string backend = options.backend.value_or(
-      environment("GPULOCK_BACKEND").value_or(config.backend.empty() ? "file" : config.backend));
-  if (backend == "file" || backend.empty()) return std::nullopt;
-  if (!is_redis_url(backend))
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("unknown backend '{}': use \"file\" or redis://host:port/db",
-                            sanitize_for_display(backend, 64)));
+RedisSettings redis_settings(const std::string& url, const PoolOptions& options,
+                             const Config& config) {
   RedisSettings settings;
-  settings.endpoint = parse_redis_url(backend);
+  settings.endpoint = parse_redis_url(url);
   if (settings.endpoint.password.empty()) {
     if (auto password = environment("GPULOCK_REDIS_PASSWORD")) {
       settings.endpoint.password = *password;

@@ -1,8 +1,9 @@
-// RedisSettings: which backend a pool uses and, for Redis, where and under which names.
+// RedisSettings: for a pool on the Redis backend, where the server is and under which names.
 //
 // Each setting comes from the first of: the PoolOptions (the CLI's flags), the environment
-// (GPULOCK_BACKEND, GPULOCK_POOL, GPULOCK_HOST, GPULOCK_LEASE_TTL, GPULOCK_REDIS_PASSWORD),
-// the config file (backend, pool, lease_ttl, redis_password_file), the default.
+// (GPULOCK_POOL, GPULOCK_HOST, GPULOCK_LEASE_TTL, GPULOCK_REDIS_PASSWORD), the config file
+// (pool, lease_ttl, redis_password_file), the default. Which backend a pool uses is
+// open_backend()'s choice (open_backend.h).
 #pragma once
 
 #include <chrono>
@@ -26,9 +27,11 @@ struct RedisSettings {
   std::string version_key() const { return prefix() + "version"; }
 };
 
-// nullopt for the file backend. Throws Error(kInvalidArgument) for a malformed URL, name or TTL
-// given by a flag or the environment, kConfig for an unreadable password file.
-std::optional<RedisSettings> resolve_backend(const PoolOptions& options, const Config& config);
+// The settings for the server at `url` (redis://…). Throws Error(kInvalidArgument) for a
+// malformed URL, name or TTL given by a flag or the environment, kConfig for an unreadable
+// password file.
+RedisSettings redis_settings(const std::string& url, const PoolOptions& options,
+                             const Config& config);
 
 // The host name GPUs are registered under: GPULOCK_HOST, else the machine's host name.
 std::string registered_host_name();

@@ -1,4 +1,4 @@
-// RedisPool's views (status, queue) and `gpulock release` of a lease by id.
+// RedisBackend's views (status, queue) and `gpulock release` of a lease by id.
 #include <signal.h>
 #include <unistd.h>
 
@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "backend/device_fitness.h"
+#include "backend/gpu_status.h"
 #include "gpulock/error.hpp"
 #include "process/process_identity.h"
 #include "redis/redis_backend.h"
@@ -17,24 +18,29 @@
 
 namespace gpulock {
 
-GpuStatus RedisPool::describe(const Gpu& g, const Snapshot& snap) const {
-  LockProbe probe;
+GpuStatus RedisBackend::describe(const Gpu& g, const Snapshot& snap) const {
+  LockState lock;
   if (g.lock == "!garbage") {
-    probe.error = "its lock key in Redis holds something that is not a lease (see gpulock doctor)";
+    lock.error = "its lock key in Redis holds something that is not a lease (see gpulock doctor)";
   } else if (!g.lock.empty()) {
-    probe.locked = true;
+    lock.locked = true;
     if (const auto it = snap.leases.find(g.lock); it != snap.leases.end())
-      probe.record = it->second.record;
+      lock.record = it->second.record;
   }
-  const bool holder_here = probe.record && probe.record->host == settings_.host;
-  GpuStatus gpu = gpu_status_of(g.device, probe, config_, g.local, holder_here);
+  const bool holder_here = lock.record && lock.record->host == settings_.host;
+  GpuStatus gpu = gpu_status_of(g.device, lock, config_, g.local, holder_here);
   gpu.host = g.host;
   // On another host, a lease that is being renewed is alive.
   if (gpu.holder && !holder_here) gpu.holder->holder_alive = snap.leases.at(g.lock).ttl_ms > 0;
   return gpu;
 }
 
-PoolStatus RedisPool::status(bool whole_pool) {
+const std::filesystem::path& RedisBackend::lock_dir() const {
+  static const std::filesystem::path none;
+  return none;
+}
+
+PoolStatus RedisBackend::status(bool whole_pool) {
   PoolStatus status;
   status.host = settings_.host;
   status.device_source = source_->description();
@@ -55,12 +61,12 @@ PoolStatus RedisPool::status(bool whole_pool) {
   return status;
 }
 
-QueueStatus RedisPool::queue() {
+QueueStatus RedisBackend::queue() {
   RedisConnectionLoan connection(*connections_);
   return queue_of(snapshot(*connection, "", source_->devices()));
 }
 
-QueueStatus RedisPool::queue_of(const Snapshot& snap) {
+QueueStatus RedisBackend::queue_of(const Snapshot& snap) {
   QueueStatus status;
   status.policy = queue_policy_name(config_.policy);
   status.config_source = config_.source;
@@ -75,7 +81,7 @@ QueueStatus RedisPool::queue_of(const Snapshot& snap) {
   return status;
 }
 
-void RedisPool::release(const std::string& lease_id) {
+void RedisBackend::release(const std::string& lease_id) {
   if (!is_lease_id(lease_id))
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("'{}' is not a lease id (16 hex digits, as `gpulock status` shows)",

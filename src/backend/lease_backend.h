@@ -1,0 +1,45 @@
+// LeaseBackend: where leases are kept, behind one interface that GpuPool forwards to.
+//
+// Two backends implement it: local lock files with kernel OFD locks (local/local_backend.h) and
+// a Redis server shared by several hosts (redis/redis_backend.h). open_backend() (open_backend.h)
+// chooses one from the settings. Every method has the contract of the GpuPool method of the
+// same name (include/gpulock/gpu_pool.hpp); tests/unit/gpu_pool_contract_test.cc checks both.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gpulock/config.hpp"
+#include "gpulock/device_source.hpp"
+#include "gpulock/doctor.hpp"
+#include "gpulock/lease.hpp"
+#include "gpulock/queue.hpp"
+#include "gpulock/request.hpp"
+#include "gpulock/status.hpp"
+
+namespace gpulock {
+
+class LeaseBackend {
+ public:
+  virtual ~LeaseBackend() = default;
+
+  virtual Lease acquire(const LeaseRequest& request, const WaitHooks& hooks) = 0;
+  // This host's GPUs; pool_status(): every host's (the same where there is one host).
+  virtual PoolStatus status() = 0;
+  virtual PoolStatus pool_status() = 0;
+  virtual QueueStatus queue() = 0;
+  virtual void release(const std::string& lease_id) = 0;
+  virtual std::vector<DoctorCheck> doctor() = 0;
+  // Makes ready at boot what the backend keeps on this machine (`gpulock init`).
+  virtual void prepare() = 0;
+
+  // What the pool reports about itself.
+  virtual std::string name() const = 0;  // "file" or "redis"
+  virtual const Config& config() const = 0;
+  virtual DeviceSource& device_source() = 0;
+  virtual const std::filesystem::path& lock_dir() const = 0;  // empty where there is none
+  virtual std::vector<std::string> warnings() const = 0;
+};
+
+}  // namespace gpulock

@@ -1,0 +1,30 @@
+// A lease request as the queue sees it: its ticket, its plan request, and its health filters.
+// Shared by both backends' acquire() and planners.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "gpulock/config.hpp"
+#include "gpulock/device.hpp"
+#include "gpulock/request.hpp"
+#include "queue/schedule.h"
+#include "queue/ticket.h"
+
+namespace gpulock {
+
+// A request as the queue sees it (a fresh id; registered only if it has to wait).
+Ticket ticket_for_request(const LeaseRequest& request, std::size_t needed, const std::string& user);
+// A ticket as the planner sees it (without health and fair-share history).
+PlanRequest plan_request_for(const Ticket& ticket, const Config& config);
+
+// The health filters of a ticket, as a request, to judge devices by.
+LeaseRequest health_filters_of(const Ticket& ticket);
+// The candidates of a ticket that fail its health filters now, with why (by UUID). `device_of`
+// finds a device by UUID, nullptr for one that is gone.
+std::map<std::string, std::string> unhealthy_candidates(
+    const Ticket& ticket, const std::function<const Device*(const std::string&)>& device_of);
+
+}  // namespace gpulock

@@ -1,0 +1,119 @@
+// LocalBackend: opening the lock directory, and what the backend's parts share (the acquire
+// mutex, the queue directory, wait channels, lock probes).
+#include "local/local_backend.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "gpulock/error.hpp"
+#include "local/gpu_lock_file.h"
+
+namespace gpulock {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+void LocalBackend::take_acquire_mutex(Clock::time_point give_up) {
+  // Polled rather than blocking (F_OFD_SETLKW), so that a process stopped inside its critical
+  // section, or one holding the 0666 mutex file's lock on purpose, cannot hang every request:
+  // they time out (75) with an explanation instead. The mutex is held for well under a
+  // millisecond, so the pause is short and random (a doubling back-off let later arrivals with
+  // short pauses take every free slot from earlier ones); only after 100 ms of failing, when
+  // something is wrong with the holder, does it grow, to spare the CPU.
+  const auto started = Clock::now();
+  auto pause = std::chrono::microseconds(1000);
+  thread_local std::minstd_rand jitter(static_cast<unsigned>(::getpid()));
+  while (!try_lock_exclusive(acquire_mutex_fd_.get())) {
+    if (Clock::now() >= give_up) {
+      throw Error(ErrorCode::kTimedOut,
+                  fmt::format("the machine-wide acquire lock {} is held by another process and "
+                              "was not released in time (a stopped or misbehaving process?)",
+                              (dir_.path() / ".acquire.lock").string()));
+    }
+    if (Clock::now() - started < std::chrono::milliseconds(100)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20 + jitter() % 180));
+    } else {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(10000));
+    }
+  }
+}
+
+LocalBackend::ChannelLoan::~ChannelLoan() {
+  if (!channel_) return;
+  channel_->reset();
+  std::lock_guard<std::mutex> lock(pool_.channels_mutex_);
+  pool_.idle_channels_.push_back(std::move(channel_));
+}
+
+void LocalBackend::ChannelLoan::take() {
+  if (channel_) return;
+  {
+    std::lock_guard<std::mutex> lock(pool_.channels_mutex_);
+    if (!pool_.idle_channels_.empty()) {
+      channel_ = std::move(pool_.idle_channels_.back());
+      pool_.idle_channels_.pop_back();
+    }
+  }
+  if (!channel_) channel_ = std::make_unique<WaitChannel>();
+}
+
+LocalBackend::LocalBackend(std::unique_ptr<DeviceSource> source, PoolOptions options)
+    : source_(std::move(source)),
+      options_(std::move(options)),
+      config_(options_.config ? *options_.config : load_config()),
+      dir_(LockDirectory::open(options_.lock_dir.value_or(default_lock_directory()))) {}
+
+void LocalBackend::prepare() {
+  std::vector<std::string> uuids;
+  for (const auto& device : source_->devices()) uuids.push_back(device.uuid);
+  dir_.prepare(uuids);
+  queue_dir(true)->prepare();
+}
+
+QueueDirectory* LocalBackend::queue_dir(bool create) {
+  std::lock_guard<std::mutex> lock(queue_dir_mutex_);
+  if (!queue_dir_) queue_dir_ = QueueDirectory::open(dir_, create);
+  return queue_dir_.get();
+}
+
+void LocalBackend::note_served() {
+  try {
+    queue_dir(true)->mark_served();
+  } catch (const Error&) {
+    // A lock directory we may not create the queue in: only fair-share ties are affected.
+  }
+}
+
+QueueDirectory::Listing LocalBackend::list_queue(bool remove_dead) {
+  QueueDirectory* queue = queue_dir(false);
+  return queue ? queue->list(remove_dead) : QueueDirectory::Listing{};
+}
+
+LockState LocalBackend::probe(const std::string& uuid, bool with_record) const {
+  LockState result;
+  try {
+    UniqueFd fd = dir_.open_lock_file_for_reading(uuid);
+    if (!fd) return result;  // no lock file: nobody has ever locked this GPU
+    result.locked = is_locked_elsewhere(fd.get());
+    if (result.locked && with_record) {
+      result.record = parse_holder_record(read_record_bytes(fd.get()));
+      // A record left by an earlier lease, or one not naming this GPU, says nothing about now.
+      if (result.record && std::find(result.record->gpus.begin(), result.record->gpus.end(),
+                                     uuid) == result.record->gpus.end())
+        result.record.reset();
+    }
+  } catch (const Error& error) {
+    result.error = error.what();
+  }
+  return result;
+}
+
+}  // namespace gpulock

@@ -1,0 +1,80 @@
+// The local backend's queue: planning it from the queue directory and the lock files, and
+// describing it to people (`gpulock queue`).
+#include <map>
+
+#include "backend/queue_request.h"
+#include "local/local_backend.h"
+#include "process/process_identity.h"
+
+namespace gpulock {
+
+const std::string& LocalBackend::user_of(uid_t uid) {
+  std::lock_guard<std::mutex> lock(user_names_mutex_);
+  auto it = user_names_.find(uid);
+  if (it == user_names_.end()) it = user_names_.emplace(uid, user_name(uid)).first;
+  return it->second;
+}
+
+QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
+                                 const QueueDirectory::Listing& listing, const Ticket* newcomer,
+                                 bool with_records) {
+  QueueSnapshot snapshot;
+  snapshot.tickets = listing.live;
+  snapshot.warnings = listing.warnings;
+  if (newcomer) {
+    snapshot.tickets.push_back(*newcomer);
+    snapshot.tickets.back().seq = listing.highest_seq + 1;
+  }
+
+  std::map<std::string, const Device*> by_uuid;
+  for (const auto& d : devices) {
+    by_uuid[d.uuid] = &d;
+    PlannedGpu gpu{d.uuid, false, std::nullopt};
+    LockState p = probe(d.uuid, with_records);
+    gpu.held = p.locked || !p.error.empty();
+    if (p.record) gpu.holder_uid = p.record->uid;
+    snapshot.gpus.push_back(std::move(gpu));
+    snapshot.locks.push_back(std::move(p));
+    snapshot.gpu_names.push_back(d.display_index());
+  }
+
+  std::vector<PlanRequest> requests;
+  for (auto& t : snapshot.tickets) {
+    t.user = user_of(t.uid);  // the name this machine gives the ticket's owner
+    PlanRequest r = plan_request_for(t, config_);
+    // A request that has not registered does not wait yet: the waiting limit is not its
+    // concern until it must (acquire() decides then).
+    if (newcomer && &t == &snapshot.tickets.back()) r.limits.max_waiting.reset();
+    if (const auto it = listing.last_served.find(t.uid); it != listing.last_served.end())
+      r.user_last_served = it->second;
+    const auto& reasons =
+        snapshot.unhealthy_reasons.emplace_back(unhealthy_candidates(t, [&](const std::string& u) {
+          const auto it = by_uuid.find(u);
+          return it == by_uuid.end() ? nullptr : it->second;
+        }));
+    for (const auto& [uuid, reason] : reasons) r.unhealthy.push_back(uuid);
+    requests.push_back(std::move(r));
+  }
+  snapshot.plan = plan_queue(
+      config_.policy, snapshot.gpus, requests,
+      [this](const std::string& a, const std::string& b) { return source_->distance(a, b); });
+  return snapshot;
+}
+
+QueueStatus LocalBackend::queue_status(const std::vector<Device>* devices) {
+  QueueStatus status;
+  status.policy = queue_policy_name(config_.policy);
+  status.config_source = config_.source;
+  const QueueDirectory::Listing listing = list_queue(false);
+  status.warnings = listing.warnings;
+  // Nobody waits (the usual case): nothing to plan, so no device query or lock probes.
+  if (listing.live.empty()) return status;
+  const QueueSnapshot snapshot =
+      plan(devices ? *devices : source_->devices(), listing, nullptr, true);
+  for (std::size_t position = 0; position < snapshot.plan.order.size(); ++position) {
+    status.entries.push_back(snapshot.entry_at(position, config_));
+  }
+  return status;
+}
+
+}  // namespace gpulock
