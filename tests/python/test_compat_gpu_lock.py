@@ -65,24 +65,38 @@ def test_lock_gpu_unknown_uid(gl):
             pass
 
 
-def test_lock_gpu_leaves_cuda_visible_devices_alone(gl, monkeypatch):
+def test_lock_gpu_uid_leaves_cuda_visible_devices_alone(gl, monkeypatch):
     with lock_gpu(uid=1):
         assert "CUDA_VISIBLE_DEVICES" not in os.environ
         assert "GPULOCK_LEASE_ID" not in os.environ
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    # An index given explicitly is what gpu_lock means: not limited by CUDA_VISIBLE_DEVICES.
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_lock_gpu_uid_is_a_cuda_number_of_this_process(gl, monkeypatch):
+    """With CUDA_VISIBLE_DEVICES=3,1 already set (Slurm, a container), cuda:0 is GPU 3 and
+    cuda:1 is GPU 1: uid means what `.to(f"cuda:{uid}")` will use."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
     with lock_gpu(uid=0) as gpu:
-        assert gpu == 0
-        assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+        assert gpu == 0 and gpu.uid == 0
+        assert gl.states() == {"0": "free", "1": "free", "2": "free", "3": "leased"}
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "3,1"
+    with lock_gpu(uid=1):
+        assert gl.states()["1"] == "leased"
+    with pytest.raises(RuntimeError) as raised:
+        with lock_gpu(uid=2):
+            pytest.fail("locked a GPU this process cannot see")
+    assert "CUDA_VISIBLE_DEVICES=3,1" in str(raised.value)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3,1"
 
 
-def test_lock_gpu_sets_pci_device_order_only_when_unset(gl, monkeypatch):
-    with lock_gpu():
+def test_lock_gpu_uid_sets_pci_device_order_for_the_block_only(gl, monkeypatch):
+    with lock_gpu(uid=0):
         assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert "CUDA_DEVICE_ORDER" not in os.environ
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
-    with lock_gpu():
+    with lock_gpu(uid=0):
         assert os.environ["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
+    assert os.environ["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
 
 
 def test_lock_released_on_exception(gl):
@@ -196,3 +210,140 @@ def test_seen_by_gpulock_status_as_a_uuid(gl):
     with lock_gpu(uid=1):
         status = gl.gpu_status(1)
         assert status["holder"]["gpus"] == [sim_uuid(1)]
+
+
+# -- gpu_lock 0.2.1, what `pip install git+…/gpu_lock.git` installs ---------------------------
+
+def test_module_names_of_both_releases():
+    assert gpu_lock.version == "0.2.1"
+    assert gpu_lock.LOCKDIR == "/var/tmp/gpu_lock"
+    assert gpu_lock.N_GPUS == 8
+    assert gpu_lock.logger.name == "gpu_locking"
+    namespace = {}
+    exec("from gpulock.compat.gpu_lock import *", namespace)
+    assert {"lock_gpu", "LOCKDIR", "N_GPUS", "version"} <= set(namespace)
+
+
+def test_021_readme_one_gpu_lock_uid(gl):
+    """0.2.1's README: `with lock_gpu() as lock: print(f"Locked GPUS {lock.uid}")`; the lock
+    sets CUDA_VISIBLE_DEVICES to the GPU (and CUDA_DEVICE_ORDER) for the block."""
+    with lock_gpu() as lock:
+        assert f"Locked GPUS {lock.uid}" == "Locked GPUS 0"
+        assert lock.pid == os.getpid() and lock.user
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+        assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert gl.gpu_status(0)["holder"]["label"] == "gpu_lock"
+        assert gl.no_wait_run("0") == EX_TEMPFAIL
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # 0.2.1 left "" behind
+    assert "CUDA_DEVICE_ORDER" not in os.environ
+    assert gl.no_wait_run("0") == 0
+
+
+def test_021_readme_three_gpus(gl):
+    with lock_gpu(n=3) as lock:
+        assert lock.uid == [0, 1, 2]
+        assert [l.uid for l in lock.locks] == [0, 1, 2]
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2"
+        assert gl.states() == {"0": "leased", "1": "leased", "2": "leased", "3": "free"}
+    assert gl.no_wait_run("0,1,2") == 0
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_021_positional_argument_is_a_count(gl):
+    """`lock_gpu(2)` is two GPUs in 0.2.1 (the released version wins over 0.0.1's GPU 2)."""
+    with lock_gpu(2) as lock:
+        assert lock.uid == [0, 1]
+        assert gl.states() == {"0": "leased", "1": "leased", "2": "free", "3": "free"}
+
+
+def test_021_leases_when_called_and_fails_at_once(gl):
+    """0.2.1 checks (here: takes) the locks when lock_gpu() is called, raising RuntimeError
+    there, before any `with`; the lock is known (`.uid`) before the block starts."""
+    gl.hold("--gpus", "0,1,2")
+    lock = lock_gpu()
+    assert lock.uid == 3
+    assert gl.gpu_status(3)["holder"]["pid"] == os.getpid()
+    with pytest.raises(RuntimeError) as raised:
+        lock_gpu()
+    assert isinstance(raised.value, gpulock.Unavailable)
+    with pytest.raises(RuntimeError):
+        lock_gpu(n=2)
+    assert gl.queue()["waiting"] == []
+    with lock:
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+    assert gl.no_wait_run("3") == 0
+
+
+def test_021_n_system_gpus_limits_the_gpus_tried(gl):
+    gl.hold("--gpus", "0,1")
+    with pytest.raises(RuntimeError):
+        lock_gpu(n_system_gpus=2)
+    with lock_gpu(n_system_gpus=3) as lock:
+        assert lock.uid == 2
+
+
+def test_021_bad_arguments_are_value_errors(gl):
+    for kwargs in ({"n": 0}, {"n": "2"}, {"n_system_gpus": 0}, {"uid": -1}, {"uid": True}):
+        with pytest.raises(ValueError):
+            lock_gpu(**kwargs)
+    assert gl.states() == {"0": "free", "1": "free", "2": "free", "3": "free"}
+
+
+def test_021_chooses_within_a_preset_cuda_visible_devices(gl, monkeypatch):
+    """With CUDA_VISIBLE_DEVICES=2,3 set by a parent, only GPUs 2 and 3 may be locked; the
+    block narrows the variable to the locked GPU and puts it back after."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    with lock_gpu() as lock:
+        assert lock.uid == 2
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "2"
+        assert gl.states() == {"0": "free", "1": "free", "2": "leased", "3": "free"}
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+    with lock_gpu(n=2) as lock:
+        assert lock.uid == [2, 3]
+    with pytest.raises(RuntimeError):
+        lock_gpu(n=3)
+
+
+def test_021_nested_locks_join_cuda_visible_devices(gl):
+    """As in 0.2.1, a lock taken inside another's block adds its GPU to CUDA_VISIBLE_DEVICES,
+    and each block's end takes its own back out."""
+    with lock_gpu() as outer:
+        with lock_gpu() as inner:
+            assert (outer.uid, inner.uid) == (0, 1)
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+        assert gl.no_wait_run("1") == 0
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+LOCKER_021 = r'''
+from gpulock.compat.gpu_lock import lock_gpu
+try:
+    with lock_gpu(n=int(sys.argv[2])) as lock:
+        report("locked", {"uid": lock.uid, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES")})
+        wait_for("release")
+except RuntimeError as e:
+    report("failed", str(e))
+    sys.exit(3)
+'''
+
+
+def test_021_between_processes_and_with_the_cli(gl):
+    """Two 0.2.1-style processes get disjoint GPUs; the CLI cannot take theirs, and they
+    cannot take the CLI's."""
+    cli_holder, _, _ = gl.hold("--gpus", "1")
+    first = gl.python(LOCKER_021, "2")
+    assert first.wait_json("locked") == {"uid": [0, 2], "cvd": "0,2"}
+    second = gl.python(LOCKER_021, "2")
+    assert second.wait() == 3, second.describe()
+    third = gl.python(LOCKER_021, "1")
+    assert third.wait_json("locked") == {"uid": 3, "cvd": "3"}
+    assert gl.no_wait_run("0") == EX_TEMPFAIL and gl.no_wait_run("3") == EX_TEMPFAIL
+    holders = gl.holders()
+    assert {k: holders[k] for k in ("0", "2", "3")} == {"0": first.pid, "2": first.pid,
+                                                       "3": third.pid}
+    assert holders["1"] not in (first.pid, third.pid)
+    for child in (first, third):
+        child.tell("release")
+        assert child.wait() == 0, child.describe()
+    assert gl.no_wait_run("0,2,3") == 0
