@@ -54,7 +54,8 @@ def test_context_manager_yields_indices_and_leaves_cuda_visible_devices(gl, monk
     assert gl.no_wait_run("0,1") == 0
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     with GPUScheduler() as gpu_ids:
-        assert gpu_ids == [0]  # CUDA_VISIBLE_DEVICES neither limits nor is changed
+        assert gpu_ids == [0]  # cuda:0 here, which is GPU 3: test_compat_nesting.py
+        assert gl.states()["3"] == "leased"
         assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
 
 
