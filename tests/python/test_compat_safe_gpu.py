@@ -7,6 +7,8 @@ gpu-acquisitor check (two claimants started in parallel) never gives a GPU to bo
 import gc
 import logging
 import os
+import pathlib
+import sys
 
 import pytest
 
@@ -218,3 +220,199 @@ def test_claim_gpus_holds_for_the_rest_of_the_process(gl):
     child.tell("exit")
     assert child.wait() == 0, child.describe()
     assert gl.no_wait_run("0,1") == 0
+
+
+# -- the whole public surface of safe-gpu 1.x and 2.0 (issue 14) ------------------------------
+
+STANDIN = str(pathlib.Path(__file__).with_name("standin"))
+
+
+@pytest.fixture
+def torch_path(monkeypatch):
+    """The stand-in torch (tests/python/standin) importable and not imported yet."""
+    monkeypatch.syspath_prepend(STANDIN)
+    sys.modules.pop("torch", None)
+    yield
+    sys.modules.pop("torch", None)
+
+
+def test_public_names_of_every_release():
+    for name in ("GPUOwner", "claim_gpus", "release_gpus", "gpu_owner", "PytorchPlaceholder",
+                 "TensorflowPlaceholder", "PyCudaPlaceholder", "pytorch_placeholder",
+                 "tensorflow_placeholder", "get_free_gpus", "NvidiasmiError", "LOCK_FILENAME",
+                 "SafeLock", "SafeUmask", "get_nvidia_smi_value", "is_single_gpu_display_mode"):
+        assert hasattr(safe_gpu, name), name
+    assert issubclass(safe_gpu.NvidiasmiError, Exception)
+    assert safe_gpu.is_single_gpu_display_mode() is False
+    lines = ["Attached GPUs                  : 1", "    Display Mode   : Enabled"]
+    assert safe_gpu.get_nvidia_smi_value(lines, "Display Mode") == "Enabled"
+    with pytest.raises(KeyError):
+        safe_gpu.get_nvidia_smi_value(lines, "Nope")
+    before = os.umask(0o022)
+    os.umask(before)
+    with safe_gpu.SafeUmask(0o077):
+        assert os.umask(0o077) == 0o077
+    assert os.umask(before) == before
+
+
+def test_claim_gpus_sets_module_gpu_owner(gl, monkeypatch):
+    """README (1.5+): claim_gpus() stores its GPUOwner in safe_gpu.gpu_owner; recipes print
+    safe_gpu.gpu_owner.devices_taken."""
+    monkeypatch.setattr(safe_gpu, "gpu_owner", None)
+    gl.hold("--gpus", "0")
+    assert safe_gpu.claim_gpus(2, debug_sleep=0.0) is None
+    owner = safe_gpu.gpu_owner
+    assert isinstance(owner, safe_gpu.GPUOwner)
+    assert owner.devices_taken == [1, 2]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,2"
+    assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert gl.no_wait_run("1") == EX_TEMPFAIL
+    safe_gpu.release_gpus()
+    assert gl.no_wait_run("1,2") == 0
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_release_gpus_without_claim_is_a_clear_error(gl, monkeypatch):
+    monkeypatch.setattr(safe_gpu, "gpu_owner", None)
+    with pytest.raises(RuntimeError, match="claim_gpus"):
+        safe_gpu.release_gpus()
+
+
+def test_placeholder_classes_with_release(gl, torch_path):
+    """2.0's placeholders: objects called with each device number, whose release() the owner
+    calls from release_gpus(); PyTorch's made on cuda:0 .. n-1 after CUDA_VISIBLE_DEVICES."""
+    import torch
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("test-safe-gpu-placeholders")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        owner = safe_gpu.GPUOwner(2, placeholder_fn=safe_gpu.PytorchPlaceholder(logger),
+                                  logger=logger)
+        assert torch.cuda.calls == [("zeros", "cuda:0"), ("zeros", "cuda:1")]
+        assert owner.placeholders == [("tensor", "cuda:0"), ("tensor", "cuda:1")]
+        owner.release_gpus()
+        assert "Releasing placeholder on CUDA device: 0" in records
+        assert "Did nothing, PyTorch doesn't expose interface for releasing GPUs" in records
+        assert records[-1] == "lock released"
+        assert owner.placeholders == []
+    finally:
+        logger.removeHandler(handler)
+    assert gl.no_wait_run("0,1") == 0
+
+
+def test_pycuda_placeholder_release_detaches(gl):
+    detached = []
+
+    class Context:
+        def detach(self):
+            detached.append(True)
+
+    class FakePyCuda(safe_gpu.PyCudaPlaceholder):
+        def __call__(self, device_no):
+            return Context()
+
+    owner = safe_gpu.GPUOwner(1, placeholder_fn=FakePyCuda())
+    owner.release_gpus()
+    assert detached == [True]
+
+
+def test_1x_placeholder_functions(gl, torch_path):
+    import torch
+    owner = safe_gpu.GPUOwner(1, placeholder_fn=safe_gpu.pytorch_placeholder)
+    assert torch.cuda.calls == [("zeros", "cuda:0")]
+    owner.release_gpus()  # a plain function has no release(): only the lease ends
+    assert gl.no_wait_run("0") == 0
+
+
+def test_allocate_gpus_and_devices_taken(gl):
+    owner = safe_gpu.GPUOwner(1)
+    assert owner.devices_taken == [0]
+    assert owner.placeholder_fn is None and owner.debug_sleep == 0.0
+    owner.release_gpus()
+
+
+def test_get_free_gpus(gl):
+    gl.hold("--gpus", "1")
+    assert safe_gpu.get_free_gpus() == ["0", "2", "3"]
+
+
+def test_preset_visible_devices_limit_the_claim(gl, monkeypatch):
+    """safe-gpu overwrote CUDA_VISIBLE_DEVICES and could claim GPUs the job was not given;
+    here only the GPUs it shows may be claimed, and devices_taken are what it then sets."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    gl.hold("--gpus", "2")
+    owner = safe_gpu.GPUOwner(1)
+    assert owner.devices_taken == [3]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+    with pytest.raises(RuntimeError):
+        safe_gpu.GPUOwner(1)
+    owner.release_gpus()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+# The repository's own test script's steps (its gpu-acquisitor.py), written afresh: options
+# --nb-gpus, --explicit-owner-object, a PyTorch placeholder with the script's logger, the
+# allocated devices logged, a computation on cuda:0 .. n-1, then finished.
+GPU_ACQUISITOR = r'''
+import argparse, logging
+from gpulock.compat import safe_gpu
+parser = argparse.ArgumentParser()
+parser.add_argument("--id", type=int, default=1)
+parser.add_argument("--nb-gpus", type=int, default=1)
+parser.add_argument("--sleep", type=float, default=0.0)
+parser.add_argument("--explicit-owner-object", action="store_true")
+args = parser.parse_args(sys.argv[2:])
+logging.basicConfig(format="%(name)s %(asctime)s [%(levelname)s] %(message)s")
+logger = logging.getLogger(f"GPUOwner{args.id}")
+logger.setLevel(logging.INFO)
+placeholder = safe_gpu.PytorchPlaceholder(logger)
+if args.explicit_owner_object:
+    owner = safe_gpu.GPUOwner(nb_gpus=args.nb_gpus, placeholder_fn=placeholder, logger=logger,
+                              debug_sleep=args.sleep)
+    taken = owner.devices_taken
+else:
+    safe_gpu.claim_gpus(nb_gpus=args.nb_gpus, placeholder_fn=placeholder, logger=logger,
+                        debug_sleep=args.sleep)
+    taken = safe_gpu.gpu_owner.devices_taken
+logger.info(f"Allocated devices: {taken}")
+import torch
+results = [torch.zeros((2, 2), device=f"cuda:{n}") for n in range(args.nb_gpus)]
+report("allocated", {"taken": taken, "cvd": os.environ["CUDA_VISIBLE_DEVICES"],
+                     "calls": torch.cuda.calls})
+wait_for("finish")
+logger.info("Finished")
+'''
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_repository_test_script_runs(gl, explicit):
+    env = gl.env(PYTHONPATH=STANDIN + os.pathsep + os.environ["PYTHONPATH"])
+    extra = ["--explicit-owner-object"] if explicit else []
+    one = gl.python(GPU_ACQUISITOR, "--id", "1", "--nb-gpus", "1", *extra, env=env)
+    got_one = one.wait_json("allocated")
+    two = gl.python(GPU_ACQUISITOR, "--id", "2", "--nb-gpus", "2", *extra, env=env)
+    got_two = two.wait_json("allocated")
+    assert got_one["taken"] == [0] and got_one["cvd"] == "0"
+    assert got_two["taken"] == [1, 2] and got_two["cvd"] == "1,2"
+    assert got_two["calls"] == [["zeros", "cuda:0"], ["zeros", "cuda:1"],
+                                ["zeros", "cuda:0"], ["zeros", "cuda:1"]]
+    assert gl.holders() == {"0": one.pid, "1": two.pid, "2": two.pid}
+    assert gl.no_wait_run("2") == EX_TEMPFAIL
+    for child, name in ((one, "GPUOwner1"), (two, "GPUOwner2")):
+        child.tell("finish")
+        assert child.wait() == 0, child.describe()
+        log = child.stderr()
+        for line in ("[INFO] acquiring lock", "[INFO] lock acquired",
+                     "[INFO] Allocated devices: ", "[INFO] Finished"):
+            assert line in log, log
+        assert log.startswith(name)
+    assert "Set CUDA_VISIBLE_DEVICES=1,2" in two.stderr()
+    assert gl.no_wait_run("0,1,2") == 0

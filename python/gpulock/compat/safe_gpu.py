@@ -1,96 +1,262 @@
-"""Drop-in for safe-gpu: replace ``from safe_gpu import safe_gpu`` with
-``from gpulock.compat import safe_gpu``; ``safe_gpu.GPUOwner(nb_gpus)`` and
-``safe_gpu.claim_gpus(nb_gpus)`` work as before.
+"""Drop-in for safe-gpu (BUTSpeechFIT/safe_gpu, 1.1 to 2.0): replace ``from safe_gpu import
+safe_gpu`` with ``from gpulock.compat import safe_gpu``.
 
-As before, the GPUs are claimed for as long as the ``GPUOwner`` lives (or, with
-``claim_gpus``, the process), CUDA_VISIBLE_DEVICES is set to them, and a ``RuntimeError``
-(here ``gpulock.Unavailable``, a subclass) is raised at once if not enough GPUs are free.
+As before: ``safe_gpu.claim_gpus(nb_gpus)`` claims GPUs for the rest of the process and keeps
+the ``GPUOwner`` in ``safe_gpu.gpu_owner``; ``safe_gpu.GPUOwner(nb_gpus)`` claims them while the
+object lives; both set CUDA_VISIBLE_DEVICES to the GPUs' nvidia-smi indices, record them as
+ints in ``devices_taken``, call ``placeholder_fn(device_no)`` for device_no 0 .. nb_gpus-1
+after a ``debug_sleep`` and keep the results in ``placeholders``, log "acquiring lock", "lock
+acquired", "Set CUDA_VISIBLE_DEVICES=…" and "lock released", and raise ``RuntimeError`` at once
+if not enough GPUs are free. ``release_gpus()`` releases the placeholders through
+``placeholder_fn.release``. Every public name of 1.x and 2.0 is here: the placeholder classes
+(``PytorchPlaceholder``, ``TensorflowPlaceholder``, ``PyCudaPlaceholder``) and 1.x's functions
+(``pytorch_placeholder``, ``tensorflow_placeholder``), ``get_free_gpus``, ``NvidiasmiError``,
+``LOCK_FILENAME``, ``SafeLock``, ``SafeUmask``, ``get_nvidia_smi_value``,
+``is_single_gpu_display_mode``.
 
-What changes: the claim is a gpulock lease, not a piece of GPU memory, so no placeholder is
-needed and none is allocated unless ``placeholder_fn`` is given; it works on machines where
-GPUs are not in exclusive compute mode and for people who use other tools; it ends the moment
-the process ends; it is seen by ``gpulock status``. Optionally, ``wait=True`` (with ``timeout``
-seconds) waits in the fair queue instead of failing.
+What changes, and why: the claim is a gpulock lease, not a placeholder's piece of GPU memory, so
+it holds on GPUs that are not in exclusive compute mode, against other gpulock users, and ends
+the moment the process ends; ``gpulock status`` shows it. So no placeholder is needed, and the
+default ``placeholder_fn`` is None: none is allocated (a CUDA context per GPU costs hundreds of
+MB of GPU memory) unless one is passed. ``release_gpus()`` also ends the lease and puts
+CUDA_VISIBLE_DEVICES back (the original left it pointing at GPUs that were no longer its own).
+An existing CUDA_VISIBLE_DEVICES limits which GPUs may be claimed (safe-gpu overwrote it and
+could claim GPUs the job was not given). A busy GPU is one leased or running someone's compute
+process; nvidia-smi is not called, and the single-display-GPU workaround is not needed: that GPU
+is leased like any other. ``wait=True`` (with ``timeout`` seconds) waits in gpulock's fair queue
+instead of failing.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
+import time
 from typing import Any, Callable, List, Optional
 
 from .._lease import Lease, lease
+from ._devices import register
 
-# Claims made with claim_gpus(), kept for the life of the process.
-_process_claims: List["GPUOwner"] = []
+# 2.0's lock file; gpulock's lock directory is used instead. Kept for code that reads it.
+LOCK_FILENAME = "/tmp/safe_gpu/gpu-lock-magic-RaNdOM-This_Name-NEED_BE-THE_SAME-Across_Users"
+
+# The GPUOwner made by claim_gpus(), as in safe-gpu 1.5 and later.
+gpu_owner: Optional["GPUOwner"] = None
+
+
+class NvidiasmiError(Exception):
+    """safe-gpu raised it when nvidia-smi failed; gpulock does not run nvidia-smi, so it is
+    never raised here. Kept so that ``except safe_gpu.NvidiasmiError`` still works."""
+
+
+def get_free_gpus() -> List[str]:
+    """The nvidia-smi indices (strings, sorted) of the GPUs nobody leases or computes on now.
+    A snapshot: claim GPUs with ``claim_gpus`` or ``GPUOwner``."""
+    from .._machine import status
+
+    return sorted(str(g.index) for g in status().gpus if g.state == "free" and g.mig_index is None)
+
+
+class _Placeholder:
+    def __init__(self, logger: Any = logging) -> None:
+        self.logger = logger
+
+    def release(self, placeholder: Any) -> None:
+        self.logger.info(f"Did nothing, {self._framework} doesn't expose interface for releasing GPUs")
+
+    _framework = ""
+
+
+class PytorchPlaceholder(_Placeholder):
+    """A one-element PyTorch tensor on ``cuda:device_no`` (safe-gpu 2.0's default)."""
+
+    _framework = "PyTorch"
+
+    def __call__(self, device_no: int) -> Any:
+        import torch  # only when asked for: gpulock does not need PyTorch
+
+        return torch.zeros((1,), device=f"cuda:{device_no}")
+
+
+class TensorflowPlaceholder(_Placeholder):
+    """A one-element TensorFlow constant on ``GPU:device_no``."""
+
+    _framework = "TensorFlow"
+
+    def __call__(self, device_no: int) -> Any:
+        import tensorflow as tf  # only when asked for
+
+        with tf.device(f"GPU:{device_no}"):
+            return tf.constant([1.0])
+
+
+class PyCudaPlaceholder(_Placeholder):
+    """A pycuda context on device ``device_no``; ``release`` detaches it."""
+
+    def __call__(self, device_no: int) -> Any:
+        import pycuda.driver as cuda  # only when asked for
+
+        cuda.init()
+        return cuda.Device(device_no).make_context()
+
+    def release(self, placeholder: Any) -> None:
+        placeholder.detach()
+        self.logger.info("Released a CUDA context")
 
 
 def pytorch_placeholder(device_no: int) -> Any:
-    """A tiny PyTorch tensor on ``cuda:device_no`` (the seed's default placeholder)."""
-    import torch  # only when asked for: gpulock does not need PyTorch
-
-    return torch.zeros((1,), device=f"cuda:{device_no}")
+    """safe-gpu 1.x's placeholder function: a PyTorch tensor on ``cuda:device_no``."""
+    return PytorchPlaceholder()(device_no)
 
 
 def tensorflow_placeholder(device_no: int) -> Any:
-    """A tiny TensorFlow constant on ``GPU:device_no``."""
-    import tensorflow as tf  # only when asked for
+    """safe-gpu 1.x's placeholder function: a TensorFlow constant on ``GPU:device_no``."""
+    return TensorflowPlaceholder()(device_no)
 
-    with tf.device(f"GPU:{device_no}"):
-        return tf.constant([1.0])
+
+class SafeLock:
+    """safe-gpu's helper: an exclusive ``lockf`` on an open file for a ``with`` block."""
+
+    def __init__(self, fd: Any, logger: Any = None) -> None:
+        self.logger = logger if logger else logging
+        self._fd = fd
+
+    def __enter__(self) -> None:
+        self.logger.info("acquiring lock")
+        fcntl.lockf(self._fd, fcntl.LOCK_EX)
+        self.logger.info("lock acquired")
+
+    def __exit__(self, *exc_info: object) -> None:
+        fcntl.lockf(self._fd, fcntl.LOCK_UN)
+        self.logger.info("lock released")
+
+
+class SafeUmask:
+    """safe-gpu's helper: ``os.umask(working_mask)`` for a ``with`` block."""
+
+    def __init__(self, working_mask: int) -> None:
+        self.old_mask: Optional[int] = None
+        self.working_mask = working_mask
+
+    def __enter__(self) -> None:
+        self.old_mask = os.umask(self.working_mask)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.old_mask is not None:
+            os.umask(self.old_mask)
+
+
+def get_nvidia_smi_value(nvidia_smi_lines: List[str], key: str) -> str:
+    """The last word of the first line containing ``key`` (``nvidia-smi -q`` output)."""
+    for line in nvidia_smi_lines:
+        if key in line:
+            return line.split()[-1]
+    raise KeyError(f'"{key}" not found in the provided nvidia-smi output')
+
+
+def is_single_gpu_display_mode() -> bool:
+    """Always False: gpulock leases a machine's only GPU like any other, display or not."""
+    return False
 
 
 class GPUOwner:
-    """Claims ``nb_gpus`` GPUs for as long as this object lives."""
+    """Claims ``nb_gpus`` GPUs for as long as this object lives (or until ``release_gpus``)."""
 
     def __init__(
         self,
         nb_gpus: int = 1,
         placeholder_fn: Optional[Callable[[int], Any]] = None,
-        logger: Optional[logging.Logger] = None,
+        logger: Any = None,
         debug_sleep: float = 0.0,
         *,
         wait: bool = False,
         timeout: Optional[float] = None,
     ) -> None:
-        self.logger = logger if logger is not None else logging.getLogger("gpulock.compat.safe_gpu")
+        self.logger = logger if logger is not None else logging
+        self.debug_sleep = debug_sleep
+        self.placeholder_fn = placeholder_fn
+        self.devices_taken: List[int] = []
+        self.placeholders: List[Any] = []
         self.logger.info("acquiring lock")
-        # debug_sleep made the seed's race visible; there is no race to show here.
-        del debug_sleep
         self.lease: Lease = lease(
-            count=nb_gpus,
-            wait=wait,
-            timeout=timeout,
-            label="safe_gpu",
-            on_wait=None,
+            count=nb_gpus, wait=wait, timeout=timeout, label="safe_gpu", on_wait=None
         )
         self.logger.info("lock acquired")
-        self.gpu_ids: List[int] = list(self.lease.indices)
-        self.logger.info(f"Set CUDA_VISIBLE_DEVICES={self.lease.cuda_visible_devices}")
-        self.placeholders = (
-            [placeholder_fn(device_no) for device_no in range(nb_gpus)] if placeholder_fn else []
-        )
+        register(self.lease)  # blocks inside may use these GPUs (GPUScheduler, lock_gpu)
+        try:
+            self.allocate_gpus([str(i) for i in self.lease.indices])
+        except BaseException:
+            self.lease.release()
+            raise
+
+    @property
+    def gpu_ids(self) -> List[int]:
+        """The claimed GPUs' nvidia-smi indices (the same as ``devices_taken``)."""
+        return list(self.devices_taken)
+
+    def allocate_gpus(self, gpu_device_numbers: List[str]) -> None:
+        """Sets CUDA_VISIBLE_DEVICES to ``gpu_device_numbers``, waits ``debug_sleep`` seconds,
+        makes the placeholders (if ``placeholder_fn``) and records ``devices_taken``. Called by
+        the constructor with the leased GPUs."""
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(n) for n in gpu_device_numbers)
+        self.logger.info(f"Set CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}")
+        time.sleep(self.debug_sleep)
+        if self.placeholder_fn is not None:
+            try:
+                self.placeholders.extend(
+                    self.placeholder_fn(device_no) for device_no in range(len(gpu_device_numbers))
+                )
+            except RuntimeError:
+                self.logger.error(
+                    "Failed to acquire placeholder. Was CUDA already initialized when "
+                    "calling `claim_gpus()`?"
+                )
+                raise
+        self.devices_taken.extend(int(n) for n in gpu_device_numbers)
+
+    def release_gpus(self) -> None:
+        """Releases the placeholders (``placeholder_fn.release``, where it has one), then the
+        GPUs, and puts CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER back as they were."""
+        release = getattr(self.placeholder_fn, "release", None)
+        for i, placeholder in enumerate(self.placeholders):
+            self.logger.info(f"Releasing placeholder on CUDA device: {self.devices_taken[i]}")
+            if release is not None:
+                release(placeholder)
+        self.placeholders = []
+        if self.lease.active:
+            # The lease saved the variables before allocate_gpus set the same values.
+            self.lease.release()
+            self.logger.info("lock released")
 
     def release(self) -> None:
-        """Gives the GPUs back now (the seed only did so when the object was collected)."""
-        self.placeholders = []
-        self.lease.release()
-        self.logger.info("lock released")
+        """Gives the GPUs back now: ``release_gpus()``."""
+        self.release_gpus()
 
     def __del__(self) -> None:
-        lease_ = getattr(self, "lease", None)
-        if lease_ is not None and lease_.active:
-            lease_.release()
+        held = getattr(self, "lease", None)
+        if held is not None and held.active:
+            held.release()
 
 
 def claim_gpus(
     nb_gpus: int = 1,
     placeholder_fn: Optional[Callable[[int], Any]] = None,
-    logger: Optional[logging.Logger] = None,
+    logger: Any = None,
+    debug_sleep: float = 0.0,
     *,
     wait: bool = False,
     timeout: Optional[float] = None,
 ) -> None:
-    """Claims ``nb_gpus`` GPUs for the rest of the process and sets CUDA_VISIBLE_DEVICES."""
-    _process_claims.append(
-        GPUOwner(nb_gpus, placeholder_fn, logger, wait=wait, timeout=timeout)
-    )
+    """Claims ``nb_gpus`` GPUs for the rest of the process, sets CUDA_VISIBLE_DEVICES, and
+    keeps the ``GPUOwner`` in ``safe_gpu.gpu_owner``. Call it before CUDA is initialised."""
+    global gpu_owner
+    gpu_owner = GPUOwner(nb_gpus, placeholder_fn, logger, debug_sleep, wait=wait, timeout=timeout)
+
+
+def release_gpus() -> None:
+    """``gpu_owner.release_gpus()`` for the GPUs ``claim_gpus`` claimed."""
+    if gpu_owner is None:
+        raise RuntimeError("release_gpus(): no GPUs were claimed with claim_gpus()")
+    gpu_owner.release_gpus()
