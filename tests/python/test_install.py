@@ -123,6 +123,13 @@ def test_pip_install_offline_into_virtualenv(gl, tmp_path):
     # The lease ended with the with block (and the process): the CLI sees the GPUs free.
     assert gl.no_wait_run("0,1,2", env=gl.env(GPULOCK_FAKE_GPUS="3")) == 0
 
+    # GPU.py's replacement is installed as a console command (pyproject's [project.scripts]).
+    gpu_py = subprocess.run([str(venv / "bin" / "gpulock-gpu"), "--idle"], capture_output=True,
+                            text=True, timeout=120, cwd=elsewhere,
+                            env=clean_env(GPULOCK_FAKE_GPUS="3"))
+    assert gpu_py.returncode == 0, gpu_py.stderr
+    assert gpu_py.stdout == "There is 3 IDDLE GPUs, IDs: 0,1,2\n"
+
     # The build wrote nothing into the checkout.
     assert not (REPO / "python" / "gpulock" / "_native.so").exists()
     leftovers = [p.name for p in (REPO / "python" / "gpulock").iterdir()

@@ -3,8 +3,10 @@
     from gpu_lock import lock_gpu                  ->  from gpulock.compat import lock_gpu
     from safe_gpu import safe_gpu                  ->  from gpulock.compat import safe_gpu
     from gpu_scheduler import GPUScheduler         ->  from gpulock.compat import GPUScheduler
+    GPU.py --get (kulvait/GPUGET)                  ->  gpulock-gpu --get   (gpu_py.py)
 
-Each module's documentation says what stays and what changes; docs/python.md has the table.
+Each module's documentation says what stays and what changes; docs/migration.md has the
+before/after for each tool and every behavioural difference with its reason.
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ _HOME = {
     "get_gpu_utilization": "gpu_scheduler",
     "get_total_num_gpus": "gpu_scheduler",
 }
-_HOME.update({name: name for name in ("gpu_lock", "gpu_scheduler", "safe_gpu")})
+_HOME.update({name: name for name in ("gpu_lock", "gpu_py", "gpu_scheduler", "safe_gpu")})
 
 __getattr__, __dir__ = lazy_attributes(__name__, globals(), _HOME)
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names
-    from . import gpu_lock, gpu_scheduler, safe_gpu
+    from . import gpu_lock, gpu_py, gpu_scheduler, safe_gpu
     from .gpu_lock import lock_gpu
     from .gpu_scheduler import (
         GPUScheduler,
@@ -59,6 +61,7 @@ __all__ = [
     "get_gpu_utilization",
     "get_total_num_gpus",
     "gpu_lock",
+    "gpu_py",
     "gpu_scheduler",
     "lock_gpu",
     "safe_gpu",
