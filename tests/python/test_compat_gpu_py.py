@@ -114,6 +114,10 @@ def test_gpu_py_workflow_unchanged(gl, command, backend, request):
         assert job.pid in holder["member_pids"]
     else:
         assert server.command("KEYS", "gpulock:{pytest}:lock:*")
+        redis_env = gl.env(GPULOCK_BACKEND=server.url(), GPULOCK_POOL="pytest",
+                           GPULOCK_HOST="py-a")
+        assert gl.no_wait_run("0", env=redis_env) == EX_TEMPFAIL
+        assert gl.no_wait_run("1", env=redis_env) == 0
     (out / "finish").touch()
     assert job.wait() == 0, job.describe()
     assert (out / "release").read_text() == "GPU 0 released.\n"

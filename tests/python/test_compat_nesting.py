@@ -33,10 +33,6 @@ def torch_path(monkeypatch):
     sys.modules.pop("torch", None)
 
 
-def holder_pids(gl):
-    return gl.holders()
-
-
 def test_preset_visible_devices_numbers_ids_within_them(gl, torch_path, monkeypatch):
     """CUDA_VISIBLE_DEVICES=2,3 (Slurm, a container): gpu_scheduler leased physical GPU 0 and
     returned [0]; here the candidates are GPUs 2 and 3 and the ids are their CUDA numbers."""

@@ -303,6 +303,8 @@ def test_placeholder_classes_with_release(gl, torch_path):
         assert "Did nothing, PyTorch doesn't expose interface for releasing GPUs" in records
         assert records[-1] == "lock released"
         assert owner.placeholders == []
+        safe_gpu.TensorflowPlaceholder(logger).release(None)
+        assert records[-1] == "Did nothing, TensorFlow doesn't expose interface for releasing GPUs"
     finally:
         logger.removeHandler(handler)
     assert gl.no_wait_run("0,1") == 0
