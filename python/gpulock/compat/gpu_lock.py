@@ -129,7 +129,8 @@ class _GPULock(int):
         logger.debug(f"Released GPU {self.uid} lock")
 
     def __repr__(self) -> str:
-        return f"<gpu_lock {self.uid} ({'held' if self.lease and self.lease.active else 'not held'})>"
+        held = self.lease is not None and self.lease.active
+        return f"<gpu_lock {self.uid} ({'held' if held else 'not held'})>"
 
 
 class _MultiGPULock(list):  # type: ignore[type-arg]
@@ -225,8 +226,8 @@ def lock_gpu(
 ) -> Union[_GPULock, _MultiGPULock]:
     """0.2.1: leases ``n`` GPUs now (among the first ``n_system_gpus``) and returns a lock whose
     ``with`` block sets CUDA_VISIBLE_DEVICES to them. 0.0.1: ``uid=N`` returns a lock of GPU N
-    (``cuda:N`` in this process), taken when the block starts; CUDA_VISIBLE_DEVICES unchanged.
-    Raises ``RuntimeError`` (``gpulock.Unavailable``) if the GPUs are taken."""
+    (``cuda:N`` in this process), taken when the block starts, and ``uid=None`` one of any free
+    GPU, taken now; CUDA_VISIBLE_DEVICES unchanged. Raises ``RuntimeError`` (``gpulock.Unavailable``) if the GPUs are taken."""
     if uid is None:  # 0.0.1's "any free GPU": leased now, numbered as in this process
         shown = visible_gpus(_gpus())
         held = claim(1, [g.uuid for _, g in shown], wait=wait, timeout=timeout, set_env=False,
@@ -241,8 +242,8 @@ def lock_gpu(
         raise InvalidRequest(f"n must be a positive number of GPUs, not {n!r}")
     if isinstance(n_system_gpus, bool) or not isinstance(n_system_gpus, int) or n_system_gpus < 1:
         raise InvalidRequest(f"n_system_gpus must be a positive integer, not {n_system_gpus!r}")
-    held = claim(n, _candidates(n_system_gpus), lend=False, wait=wait, timeout=timeout, set_env=False,
-                 label="gpu_lock", on_wait=None)
+    held = claim(n, _candidates(n_system_gpus), lend=False, wait=wait, timeout=timeout,
+                 set_env=False, label="gpu_lock", on_wait=None)
     register(held)  # the process's GPUs while it holds them: see _devices.claim
     if n == 1:
         return _GPULock(held.indices[0], sets_env=True, wait=wait, timeout=timeout, held=held)

@@ -225,7 +225,8 @@ def _active() -> None:
     if not active:
         print("There are no active GPUs.")
         return
-    print("There is %d ACTIVE GPUs, IDs: %s" % (len(active), ",".join(str(g.index) for g in active)))
+    ids = ",".join(str(g.index) for g in active)
+    print("There is %d ACTIVE GPUs, IDs: %s" % (len(active), ids))
     for g in active:
         if g.holder is not None:
             print("GPU %d acquired by PID %d at %s" % (g.index, _holder_pid(g.holder),

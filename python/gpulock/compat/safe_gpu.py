@@ -63,7 +63,9 @@ class _Placeholder:
         self.logger = logger
 
     def release(self, placeholder: Any) -> None:
-        self.logger.info(f"Did nothing, {self._framework} doesn't expose interface for releasing GPUs")
+        self.logger.info(
+            f"Did nothing, {self._framework} doesn't expose interface for releasing GPUs"
+        )
 
     _framework = ""
 
