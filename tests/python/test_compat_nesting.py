@@ -205,3 +205,40 @@ def test_real_process_with_preset_devices_and_late_torch(gl):
     assert child.wait_json("after") == {"order": None, "cvd": "1,3"}
     assert child.wait() == 0, child.describe()
     assert gl.no_wait_run("3") == 0
+
+
+UNDER_RUN_CHILD = r'''
+from gpulock.compat import GPUScheduler, lock_gpu
+result = {"cvd": os.environ["CUDA_VISIBLE_DEVICES"]}
+with GPUScheduler() as first:
+    with GPUScheduler() as second:
+        result["ids"] = [first, second]
+        try:
+            with GPUScheduler():
+                result["third"] = "entered"
+        except RuntimeError as e:
+            result["third"] = type(e).__name__
+    with lock_gpu(uid=1) as gpu:  # cuda:1, the job's GPU 2
+        result["uid1"] = int(gpu)
+    with lock_gpu() as lock:  # 0.2.1: the job's GPU that `first` does not use, exported
+        result["lock"] = [lock.uid, os.environ["CUDA_VISIBLE_DEVICES"]]
+result["cvd_after"] = os.environ["CUDA_VISIBLE_DEVICES"]
+report("done", result)
+wait_for("finish")
+'''
+
+
+def test_blocks_inside_gpulock_run_use_the_jobs_gpus(gl):
+    """A program started by `gpulock run -n 2` (CUDA_VISIBLE_DEVICES=1,2 while GPU 0 is held)
+    that uses GPUScheduler or lock_gpu gets the job's own GPUs, numbered as CUDA numbers them
+    there, without waiting for its own lease."""
+    gl.hold("--gpus", "0")
+    child = gl.python(UNDER_RUN_CHILD, prefix=[gl.binary, "run", "-n", "2", "--"])
+    assert child.wait_json("done") == {
+        "cvd": "1,2", "ids": [[0], [1]], "third": "Unavailable", "uid1": 1,
+        "lock": [2, "2"], "cvd_after": "1,2"}
+    holders = gl.holders()
+    assert holders["1"] == holders["2"] == child.pid  # the run's lease only
+    assert gl.no_wait_run("3") == 0
+    child.tell("finish")
+    assert child.wait() == 0, child.describe()

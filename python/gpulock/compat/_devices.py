@@ -122,39 +122,64 @@ def visible_gpus(machine: Sequence[Any], value: Any = _ENVIRON) -> List[Tuple[in
     return shown
 
 
-# -- GPUs this process already holds through a compat object ----------------------------------
+# -- GPUs this process already holds ----------------------------------------------------------
 #
 # safe_gpu's GPUOwner and gpu_lock 0.2.1's lock_gpu() set CUDA_VISIBLE_DEVICES to the GPUs they
-# lease: from then on, those are the process's GPUs. A GPUScheduler or lock_gpu(uid=) block
-# inside, which may only choose among the GPUs the process can see, then gets one of those,
-# lent for its block (as with the seed tools, which did not lock against their own process),
-# instead of failing against its own process. {uuid: [index, lent?, weakref to the lease]}
+# lease, and so does `gpulock run` (or `eval "$(gpulock acquire …)"`) for the program it starts:
+# from then on, those are the process's GPUs. A GPUScheduler or lock_gpu block inside, which
+# may only choose among the GPUs the process can see, then gets one of those, lent for its
+# block (as with the seed tools, which did not lock against their own process), instead of
+# failing against its own process. {uuid: [index or None, lent?, source]}, where the source is
+# a weakref to a compat object's lease, or the id of the enclosing lease named by
+# GPULOCK_LEASE_ID and GPULOCK_GPUS.
 _own: Dict[str, List[Any]] = {}
 
 
 def register(held: Any) -> None:
-    """Records the GPUs of ``held`` (a gpulock.Lease of a compat object) as this process's."""
+    """Records the GPUs of ``held`` (a gpulock.Lease of a compat object) as this process's.
+    GPUs lent to ``held`` (a Borrowed) stay lent to it until it ends."""
+    if isinstance(held, Borrowed):
+        return
     ref = weakref.ref(held)
     for index, uuid in zip(held.indices, held.gpus):
         _own[uuid] = [index, False, ref]
 
 
+def _enclosing() -> Tuple[Optional[str], List[str]]:
+    lease_id = os.environ.get("GPULOCK_LEASE_ID") or None
+    return lease_id, os.environ.get("GPULOCK_GPUS", "").split(",") if lease_id else []
+
+
 def _owned(uuid: str) -> Optional[List[Any]]:
     entry = _own.get(uuid)
-    if entry is None:
-        return None
-    held = entry[2]()
-    if held is None or not held.active:
+    lease_id, enclosing = _enclosing()
+    if entry is not None:
+        source = entry[2]
+        if isinstance(source, str):
+            alive = source == lease_id and uuid in enclosing
+        else:
+            held = source()
+            alive = held is not None and held.active
+        if alive:
+            return entry
         del _own[uuid]
-        return None
-    return entry
+    if lease_id is not None and uuid in enclosing:
+        entry = _own[uuid] = [None, False, lease_id]
+        return entry
+    return None
 
 
 class Borrowed:
-    """GPUs lent to an inner compat block by an enclosing one of this process; has the
+    """GPUs lent to an inner compat block by an enclosing lease of this process; has the
     attributes of a gpulock.Lease that the compat modules use."""
 
     def __init__(self, uuids: List[str]) -> None:
+        if any(_own[u][0] is None for u in uuids):
+            from .._machine import gpus
+
+            index_of = {g.uuid: g.index for g in gpus()}
+            for u in uuids:
+                _own[u][0] = index_of.get(u, _own[u][0])
         self.id = "borrowed"
         self.gpus = list(uuids)
         self.indices = [_own[u][0] for u in uuids]
@@ -178,19 +203,22 @@ def claim(
     """``count`` of the ``candidates`` (UUIDs, in order of preference; all of them when
     ``exact``). When every candidate is a GPU this process holds already (see above), they are
     lent, one block at a time, and a Borrowed is returned; otherwise a new gpulock lease of
-    the candidates it does not hold (``options`` go to ``gpulock.lease``). ``lend=False``:
-    never lent (gpu_lock 0.2.1's lock_gpu, whose nested locks each take a GPU of their own)."""
+    the candidates it does not hold (``options`` go to ``gpulock.lease``). ``lend=False``: only
+    the enclosing lease's GPUs are lent, not other compat objects' (gpu_lock 0.2.1's nested
+    locks each take a GPU of their own)."""
     from .._errors import Unavailable
     from .._lease import lease
 
     mine = [u for u in candidates if _owned(u) is not None]
-    if lend and mine and len(mine) == len(candidates):
+    if not lend:
+        mine = [u for u in mine if isinstance(_own[u][2], str)]
+    if mine and len(mine) == len(candidates):
         lendable = [u for u in mine if not _own[u][1]]
         if len(lendable) >= (len(candidates) if exact else count):
             return Borrowed(lendable if exact else lendable[:count])
         raise Unavailable(
-            f"the {len(mine)} GPU(s) this process can see are its own (GPUOwner or lock_gpu "
-            f"set CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}) and "
+            f"the {len(mine)} GPU(s) this process can see (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES')}) are its own, and "
             f"{len(mine) - len(lendable)} of them are in use by other blocks of it"
         )
     if exact:
