@@ -75,6 +75,9 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
   sigemptyset(&handled);
   for (int s : kForwardedSignals) sigaddset(&handled, s);
   sigaddset(&handled, SIGCHLD);
+  // Read, not forwarded: a process stopped past its Redis lease's TTL learns of the loss from the
+  // clock the moment it continues (SIGSTOP cannot be caught; the SIGCONT that ends it can).
+  sigaddset(&handled, SIGCONT);
   // If SIGCHLD was inherited as ignored, the kernel would reap the command itself and never
   // tell us it ended: take the default back (restored when we return).
   struct sigaction default_chld {
@@ -112,6 +115,7 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
   } reset_callback{lease};
   bool killing = false;
   std::chrono::steady_clock::time_point kill_at;
+  bool loss_seen = false;
 
   int exec_error_pipe[2];
   if (::pipe2(exec_error_pipe, O_CLOEXEC) != 0)
@@ -148,7 +152,19 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
     lease.set_holder(::getpid(), "run", child);
   }
 
+  const auto act_on_loss = [&] {
+    if (loss_seen) return;
+    loss_seen = true;
+    if (on_loss == LeaseLossAction::kKill) {
+      ::kill(child, SIGTERM);
+      killing = true;
+      kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(kLeaseLossGraceSeconds);
+    }
+  };
   while (true) {
+    // The lease's own clock first: after a pause past the TTL, the keeper's thread may not have
+    // run yet to report the loss, but the lease is lost already.
+    if (!loss_seen && lease.lost()) act_on_loss();
     pollfd waits[2] = {{signals.get(), POLLIN, 0}, {lost_fd->get(), POLLIN, 0}};
     int timeout_ms = -1;
     if (killing)
@@ -161,11 +177,7 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
     if (waits[1].revents & POLLIN) {
       std::uint64_t count = 0;
       [[maybe_unused]] const ssize_t got_count = ::read(lost_fd->get(), &count, sizeof count);
-      if (on_loss == LeaseLossAction::kKill && !killing) {
-        ::kill(child, SIGTERM);
-        killing = true;
-        kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(kLeaseLossGraceSeconds);
-      }
+      act_on_loss();
     }
     if (killing && std::chrono::steady_clock::now() >= kill_at) {
       ::kill(child, SIGKILL);
@@ -177,6 +189,7 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
     if (n < 0 && errno == EINTR) continue;
     if (n != static_cast<ssize_t>(sizeof info))
       throw Error(ErrorCode::kInternal, errno_message("read(signalfd)", errno));
+    if (info.ssi_signo == SIGCONT) continue;  // the loop's first step checks the lease
     if (info.ssi_signo == SIGCHLD) {
       int status = 0;
       const pid_t done = ::waitpid(child, &status, WNOHANG);

@@ -31,7 +31,7 @@ RedisLeaseKeeper::RedisLeaseKeeper(RedisLeaseTerms terms, std::string record_jso
     : terms_(std::move(terms)),
       connections_(std::move(connections)),
       record_json_(std::move(record_json)),
-      confirmed_at_(confirmed_at) {
+      confirmed_at_(confirmed_at.time_since_epoch().count()) {
   start();
 }
 
@@ -130,6 +130,14 @@ void RedisLeaseKeeper::warn_once(const std::string& message) {
                message.c_str());
 }
 
+RedisLeaseKeeper::Clock::time_point RedisLeaseKeeper::lost_at() const {
+  return Clock::time_point(Clock::duration(confirmed_at_.load())) + terms_.ttl;
+}
+
+bool RedisLeaseKeeper::lost() const {
+  return lost_.load() || Clock::now() >= lost_at();
+}
+
 void RedisLeaseKeeper::declare_lost(const std::string& reason) {
   if (lost_.exchange(true)) return;
   std::function<void(const std::string&)> callback;
@@ -150,16 +158,17 @@ void RedisLeaseKeeper::run() {
   auto retry_pause = std::chrono::milliseconds(100);
   Clock::time_point next = Clock::now() + period;
   std::unique_lock<std::mutex> lock(mutex_);
+  const std::string ttl_passed =
+      fmt::format("it could not be renewed for its whole TTL ({} ms)", terms_.ttl.count());
   while (!stopping_) {
-    const Clock::time_point lost_at = confirmed_at_ + terms_.ttl;
+    const Clock::time_point lost_at = this->lost_at();
     wake_.wait_until(lock, std::min(next, lost_at), [&] {
       return stopping_ || record_dirty_ || Clock::now() >= std::min(next, lost_at);
     });
     if (stopping_) break;
     if (Clock::now() >= lost_at) {
       lock.unlock();
-      declare_lost(
-          fmt::format("it could not be renewed for its whole TTL ({} ms)", terms_.ttl.count()));
+      declare_lost(ttl_passed);
       return;  // a lost lease is not renewed: someone else may hold its GPUs now
     }
     const std::string record = record_json_;
@@ -199,13 +208,17 @@ void RedisLeaseKeeper::run() {
     } catch (const Error& error) {
       warn_once(fmt::format("cannot renew it: {}", error.what()));
     }
+    // A reply that came after the lease's TTL had passed (the process was stopped, or the server
+    // was slow) cannot undo the loss: lost() has answered true since then, and the GPUs may
+    // have been someone else's meanwhile, even if the script found them free again.
+    if (lost_reason.empty() && Clock::now() >= lost_at) lost_reason = ttl_passed;
     if (!lost_reason.empty()) {
       declare_lost(lost_reason);
       return;
     }
     lock.lock();
     if (renewed) {
-      confirmed_at_ = sent;
+      confirmed_at_ = sent.time_since_epoch().count();
       next = sent + period;
       retry_pause = std::chrono::milliseconds(100);
       if (warned_) {

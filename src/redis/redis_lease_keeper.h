@@ -51,7 +51,10 @@ class RedisLeaseKeeper final : public LeaseKeeper {
   std::span<const int> lock_fds() const override { return {}; }
   std::uint64_t fencing_token() const override { return terms_.token; }
   const std::string& gpu_host() const override { return terms_.gpu_host; }
-  bool lost() const override { return lost_.load(); }
+  // By the clock: true from the instant a whole TTL has passed since the last renewal the server
+  // confirmed (counted from when it was sent), whoever asks and whether or not the renewal
+  // thread has run since; also true once the server reported the lease taken or released.
+  bool lost() const override;
   void on_lost(std::function<void(const std::string&)> callback) override;
   void prepare_fork() override;
   bool belongs_to_this_process() const override;
@@ -62,6 +65,7 @@ class RedisLeaseKeeper final : public LeaseKeeper {
   void start();
   void stop();
   void run();
+  Clock::time_point lost_at() const;
   void declare_lost(const std::string& reason);
   void warn_once(const std::string& message);
 
@@ -76,7 +80,8 @@ class RedisLeaseKeeper final : public LeaseKeeper {
   bool warned_ = false;
   std::string record_json_;
   std::function<void(const std::string&)> on_lost_;
-  Clock::time_point confirmed_at_;
+  // When the last renewal the server confirmed was sent (its time_since_epoch, for lost()).
+  std::atomic<Clock::rep> confirmed_at_;
   std::atomic<bool> lost_{false};
   // The renewal thread, and the process it runs in. A process forked without prepare_fork()
   // (e.g. Python's multiprocessing) has a copy of this object but not the thread: there the

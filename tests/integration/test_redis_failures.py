@@ -251,6 +251,36 @@ def test_client_pause_past_ttl_warn(rw):
     assert holder.finish() == 0, holder.bg.describe()
 
 
+# -- the holder itself paused (SIGSTOP) past the TTL ---------------------------------------------
+
+def stopped_past_the_ttl_while_another_lease_used_the_gpu(rw, holder, uuid, stop_command):
+    """SIGSTOPs `gpulock run` (and its command, if asked) until its lock key has expired and
+    another lease has held the GPU and ended, then continues them (the command first)."""
+    targets = [holder.pid] + ([holder.command_pid] if stop_command else [])
+    for pid in targets:
+        os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: rw.server.command("GET", rw.lock_key(uuid)) is None, timeout=HANG,
+               interval=0.05, what="the paused holder's lock key to expire")
+    other = rw.run_no_wait("-n", "1")
+    assert other.returncode == 0, "the GPU was not free once the key expired: %r" % (other,)
+    for pid in reversed(targets):
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("stop_command", [True, False], ids=["with-command", "alone"])
+def test_run_stopped_past_ttl_kill_stops_the_command_when_it_continues(rw, stop_command):
+    # The lease was lost the moment its TTL passed, however the renewal that follows the pause
+    # ends (here the script finds the GPU free again and would restore the lease): `gpulock run`
+    # applies --on-lease-loss=kill as soon as it runs again.
+    uuids = rw.register("node-a", gpus=1)
+    holder = rw.hold("-n", "1", "--on-lease-loss", "kill")
+    stopped_past_the_ttl_while_another_lease_used_the_gpu(rw, holder, uuids[0], stop_command)
+    assert holder.bg.wait(timeout=HANG) == SIGTERM_STATUS, holder.bg.describe()
+    assert "lost" in holder.bg.stderr(), holder.bg.stderr()
+    # Its keys are not left behind, restored: the GPU can be leased again.
+    assert rw.run_no_wait("-n", "1").returncode == 0
+
+
 def test_short_pause_does_not_lose_the_lease(rw):
     uuids = rw.register("node-a", gpus=1)
     holder = rw.hold("-n", "1", "--on-lease-loss", "kill")

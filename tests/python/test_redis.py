@@ -7,6 +7,10 @@ exclusion with the real `gpulock` binary, never by asking the package under test
 """
 
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -92,6 +96,40 @@ def test_a_lease_not_renewed_for_its_ttl_is_reported_lost(redis):
         wait_until(lambda: lease.lost, timeout=30, what="the lease to count as lost")
     finally:
         lease.release()
+
+
+# A holder process: takes a lease, says "held", then answers each line on stdin with its
+# lease's `lost`, at once.
+PAUSED_HOLDER = textwrap.dedent("""
+    import sys
+    import gpulock
+    with gpulock.lease() as lease:
+        print("held", lease.gpus[0], flush=True)
+        for line in sys.stdin:
+            print("lost" if lease.lost else "held", flush=True)
+""")
+
+
+def test_a_holder_stopped_past_its_ttl_knows_at_once_that_its_lease_is_lost(redis):
+    # SIGSTOP until Redis has dropped the lease's key, then SIGCONT with the question already
+    # waiting on stdin: the first answer, given before the lease's renewal thread need have run,
+    # must be "lost" (by the lease's own clock), several times over to catch the race.
+    for attempt in range(3):
+        holder = subprocess.Popen([sys.executable, "-c", PAUSED_HOLDER], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+        try:
+            first = holder.stdout.readline().split()
+            assert first[:1] == ["held"], first
+            holder.send_signal(signal.SIGSTOP)
+            wait_until(lambda: lock_holder(redis, first[1]) is None, timeout=30,
+                       what="the stopped holder's lock key to expire")
+            holder.stdin.write("check\n")
+            holder.stdin.flush()
+            holder.send_signal(signal.SIGCONT)
+            assert holder.stdout.readline().strip() == "lost", "attempt %d" % attempt
+        finally:
+            holder.kill()
+            holder.wait()
 
 
 def test_unreachable_redis_is_a_setup_error_without_the_password(monkeypatch, redis):

@@ -57,7 +57,9 @@ class RedisLeaseKeeperTest : public ::testing::Test {
   bool Exists(const std::string& key) { return server_.command({"EXISTS", key}).integer == 1; }
 
   // Takes the pool's two GPUs with the acquire script and returns a keeper for the lease.
-  std::unique_ptr<RedisLeaseKeeper> Hold(std::chrono::milliseconds ttl) {
+  // `backdate`: the acquire counts as sent that much earlier than it was.
+  std::unique_ptr<RedisLeaseKeeper> Hold(std::chrono::milliseconds ttl,
+                                         Clock::duration backdate = {}) {
     auto connection = server_.connect();
     AcquireArgs a;
     a.lease_id = lease_id_;
@@ -74,7 +76,8 @@ class RedisLeaseKeeperTest : public ::testing::Test {
     }
     token_ = std::stoull(texts[1]);
     RedisLeaseTerms terms{keys_.version(), ttl, lease_id_, token_, uuids_, "tester", "h1"};
-    return std::make_unique<RedisLeaseKeeper>(std::move(terms), "{\"record\":1}", cache_, sent);
+    return std::make_unique<RedisLeaseKeeper>(std::move(terms), "{\"record\":1}", cache_,
+                                              sent - backdate);
   }
 
   // Counts on_lost calls and keeps the last reason.
@@ -129,6 +132,14 @@ TEST_F(RedisLeaseKeeperTest, KeepsTheLockAliveWellPastItsTtl) {
   EXPECT_FALSE(keeper->lost());
   EXPECT_EQ(lost.calls.load(), 0);
   EXPECT_EQ(server_.command({"HGET", keys_.lease(lease_id_), "record"}).text, "{\"record\":1}");
+}
+
+TEST_F(RedisLeaseKeeperTest, ALeaseWhoseTtlHasPassedIsLostToWhoeverAsksFirst) {
+  // As after a pause (SIGSTOP) past the TTL: the first question, asked before the renewal thread
+  // can have run, already gets the clock's answer.
+  auto keeper = Hold(10s, 11s);
+  ASSERT_TRUE(keeper);
+  EXPECT_TRUE(keeper->lost());
 }
 
 TEST_F(RedisLeaseKeeperTest, UpdateRecordPublishesTheNewRecord) {

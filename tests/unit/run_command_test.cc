@@ -130,6 +130,16 @@ TEST_F(RunCommandTest, OnLeaseLossWarnLetsTheCommandFinish) {
   EXPECT_NE(warnings.find("The command keeps running"), std::string::npos) << warnings;
 }
 
+TEST_F(RunCommandTest, ALeaseLostBeforeTheCommandStartsStopsItUnderKill) {
+  auto keeper = std::make_unique<FakeLeaseKeeper>(log_, 7, "hostA");
+  keeper->declare_lost("lost already");  // before run_command() asks to be told
+  Lease lease = FakeLease(std::move(keeper));
+  // Without the kill it would run until the hang guard.
+  const int status = run_command(lease, {"sh", "-c", "exec sleep 120"}, VisibleFormat::kIndex,
+                                 LeaseLossAction::kKill);
+  EXPECT_EQ(status, 128 + SIGTERM);
+}
+
 TEST_F(RunCommandTest, ReleasingTheLeaseDestroysItsKeeper) {
   Lease lease = FakeLease(std::make_unique<FakeLeaseKeeper>(log_, 1, "h"));
   EXPECT_FALSE(log_->destroyed);
