@@ -47,6 +47,16 @@ void add_queue_command(CLI::App& app, int* exit_status);
 void add_gpus_command(CLI::App& app, int* exit_status);
 void add_init_command(CLI::App& app, int* exit_status);
 void add_doctor_command(CLI::App& app, int* exit_status);
+// The hidden `__complete` command of the shell completion scripts (cmd_complete.cc).
+void add_complete_command(CLI::App& app, int* exit_status);
+
+// The subcommands shown in --help (not the hidden `__complete`).
+std::vector<CLI::App*> visible_commands(CLI::App& app);
+// The candidate closest to `word` if it is close enough to be a typo of it, else "".
+std::string closest_name(const std::string& word, const std::vector<std::string>& candidates);
+// For a command line the parser rejected: names the first unknown command or option in `args`
+// (argv without the program name) and suggests the closest valid one; "" if all are known.
+std::string explain_usage_error(CLI::App& app, const std::vector<std::string>& args);
 
 // Shows a waiting request's progress on stderr: a live line on a terminal, else a log line
 // whenever what it waits for changes. Returns hooks for GpuPool::acquire.

@@ -59,9 +59,12 @@ int main(int argc, char** argv) {
   cli::add_gpus_command(app, &exit_status);
   cli::add_init_command(app, &exit_status);
   cli::add_doctor_command(app, &exit_status);
+  cli::add_complete_command(app, &exit_status);
   app.add_subcommand("version", "Print gpulock's version")->callback([] {
     fmt::print("gpulock {}\n", GPULOCK_VERSION_STRING);
   });
+  app.set_version_flag("-V,--version", fmt::format("gpulock {}", GPULOCK_VERSION_STRING),
+                       "Print gpulock's version and exit");
   app.footer(
       "Exit status: the command's own for `run`; 64 bad usage; 69 can never be served;\n"
       "70 internal error; 75 no GPU within --timeout or with --no-wait;\n"
@@ -76,7 +79,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    cli::print_error(e.what());
+    // CLI11 says "A subcommand is required" for `gpulock rn`: name what was not understood.
+    const std::string explained =
+        cli::explain_usage_error(app, std::vector<std::string>(argv + 1, argv + argc));
+    cli::print_error(explained.empty() ? e.what() : explained);
     fmt::print(stderr, "Run `gpulock --help` (or `gpulock COMMAND --help`) for usage.\n");
     return 64;
   } catch (const Error& e) {
