@@ -1,4 +1,11 @@
-// `gpulock status [--json]`: every GPU with its state, holder, memory and utilisation.
+// `gpulock status [--json]`: every GPU with its state, holder, memory and utilisation; a
+// multi-GPU lease's GPUs together, its holder once; cut to the terminal's width on a terminal.
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 #include "cli.h"
@@ -9,19 +16,42 @@ namespace {
 std::string memory_text(const Device& d) {
   if (!d.memory_total_bytes) return "?";
   const double gib = 1024.0 * 1024 * 1024;
-  return fmt::format("{:.1f}/{:.0f} GiB", d.memory_used_bytes.value_or(0) / gib,
+  return fmt::format("{:.1f}/{:.0f}G", d.memory_used_bytes.value_or(0) / gib,
                      *d.memory_total_bytes / gib);
 }
 
-std::string holder_text(const GpuStatus& g, std::chrono::system_clock::time_point now) {
-  if (g.holder) {
-    const HolderInfo& h = *g.holder;
-    const auto held = std::chrono::duration_cast<std::chrono::seconds>(now - h.started_at);
-    std::string text = fmt::format("{} {} {} ", h.user, h.lease_id, format_duration(held));
-    if (!h.label.empty()) text += "[" + h.label + "] ";
-    text += h.command;
-    return text;
+// Display width of UTF-8 text (one column per character; the library strips control
+// characters from what users wrote).
+std::size_t width_of(const std::string& text) {
+  return static_cast<std::size_t>(
+      std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
+// On a terminal, cuts a line to the terminal's width with an ellipsis; elsewhere (a pipe, a
+// file) keeps it whole, as ps(1) does. `columns` is 0 when not cutting.
+std::string fit(const std::string& line, std::size_t columns) {
+  if (columns == 0 || width_of(line) <= columns) return line;
+  std::string out;
+  std::size_t width = 0;
+  for (char c : line) {
+    const bool starts_character = (c & 0xC0) != 0x80;
+    if (starts_character && ++width > columns - 1) break;
+    out += c;
   }
+  return out + "…";
+}
+
+std::size_t terminal_columns() {
+  if (::isatty(STDOUT_FILENO) == 0) return 0;
+  winsize size{};
+  if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
+  if (const char* columns = std::getenv("COLUMNS"); columns != nullptr && std::atoi(columns) > 0)
+    return static_cast<std::size_t>(std::atoi(columns));
+  return 80;
+}
+
+// What the holder column says of a GPU that no readable lease holds.
+std::string unleased_text(const GpuStatus& g) {
   std::string text;
   if (g.reserved_for)
     text =
@@ -36,30 +66,74 @@ std::string holder_text(const GpuStatus& g, std::chrono::system_clock::time_poin
   return text;
 }
 
+// The holder column of a lease's rows: who, which lease, for how long and the label on the
+// first, the command on the second, nothing on the others.
+std::vector<std::string> lease_lines(const HolderInfo& h,
+                                     std::chrono::system_clock::time_point now) {
+  const auto held = std::chrono::duration_cast<std::chrono::seconds>(now - h.started_at);
+  std::string first = fmt::format("{} {} {}", h.user, h.lease_id, format_duration(held));
+  if (!h.label.empty()) first += " [" + h.label + "]";
+  return {first, h.command};
+}
+
 void print_table(const PoolStatus& status) {
-  fmt::print("{} · {}{} · {}\n", status.host, status.device_source,
-             status.simulated ? " (simulated, no real GPU)" : "",
-             status.backend == "redis"
-                 ? fmt::format("pool '{}' at {}", status.pool, status.backend_location)
-                 : "lock dir " + status.lock_dir);
-  for (const auto& w : status.warnings) fmt::print("warning: {}\n", w);
-  fmt::print("{:<5} {:<9} {:<16} {:>5}  {}\n", "GPU", "STATE", "MEMORY", "UTIL",
-             "HOLDER (user, lease, held for, [label], command)");
-  for (const auto& g : status.gpus) {
-    const auto& d = g.device;
-    const std::string state = g.reserved_for ? "reserved" : gpu_state_name(g.state);
-    const std::string name = g.host.empty() || g.host == status.host
-                                 ? d.display_index()
-                                 : g.host + "/" + d.display_index();
-    fmt::print("{:<5} {:<9} {:<16} {:>5}  {}\n", name, state, memory_text(d),
-               d.utilization_percent ? fmt::format("{}%", *d.utilization_percent) : "?",
-               holder_text(g, status.taken_at));
-    if (g.holder && !g.note.empty()) fmt::print("      note: {}\n", g.note);
+  const std::size_t columns = terminal_columns();
+  auto print_line = [columns](const std::string& line) { fmt::print("{}\n", fit(line, columns)); };
+  print_line(fmt::format("{} · {}{} · {}", status.host, status.device_source,
+                         status.simulated ? " (simulated, no real GPU)" : "",
+                         status.backend == "redis"
+                             ? fmt::format("pool '{}' at {}", status.pool, status.backend_location)
+                             : "lock dir " + status.lock_dir));
+  for (const auto& w : status.warnings) print_line("warning: " + w);
+  auto name_of = [&status](const GpuStatus& g) {
+    return g.host.empty() || g.host == status.host ? g.device.display_index()
+                                                   : g.host + "/" + g.device.display_index();
+  };
+  std::size_t name_width = 3;
+  for (const auto& g : status.gpus) name_width = std::max(name_width, width_of(name_of(g)));
+  auto row = [&](const std::string& name, const std::string& state, const std::string& memory,
+                 const std::string& util, const std::string& holder) {
+    std::string line =
+        fmt::format("{:<{}} {:<8} {:<11} {:>4}  {}", name, name_width, state, memory, util, holder);
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    print_line(line);
+  };
+  row("GPU", "STATE", "MEMORY", "UTIL", "HOLDER (user lease held [label] / command)");
+  // A lease's GPUs are shown together, its holder once: rows in index order, except that the
+  // first GPU of a lease brings the lease's other GPUs up beside it.
+  std::vector<bool> shown(status.gpus.size(), false);
+  for (std::size_t i = 0; i < status.gpus.size(); ++i) {
+    if (shown[i]) continue;
+    std::vector<std::size_t> group{i};
+    const GpuStatus& first = status.gpus[i];
+    if (first.holder) {
+      for (std::size_t j = i + 1; j < status.gpus.size(); ++j)
+        if (status.gpus[j].holder && status.gpus[j].holder->lease_id == first.holder->lease_id &&
+            status.gpus[j].host == first.host)
+          group.push_back(j);
+    }
+    std::vector<std::string> holder_column = first.holder
+                                                 ? lease_lines(*first.holder, status.taken_at)
+                                                 : std::vector<std::string>{unleased_text(first)};
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      const GpuStatus& g = status.gpus[group[k]];
+      shown[group[k]] = true;
+      const Device& d = g.device;
+      row(name_of(g), g.reserved_for ? "reserved" : gpu_state_name(g.state), memory_text(d),
+          d.utilization_percent ? fmt::format("{}%", *d.utilization_percent) : "?",
+          k < holder_column.size() ? holder_column[k] : "");
+    }
+    for (std::size_t k = group.size(); k < holder_column.size(); ++k)
+      row("", "", "", "", holder_column[k]);
+    for (std::size_t k : group)
+      if (status.gpus[k].holder && !status.gpus[k].note.empty())
+        print_line(fmt::format("{:<{}} note: GPU {}: {}", "", name_width, name_of(status.gpus[k]),
+                               status.gpus[k].note));
   }
-  if (status.gpus.empty()) fmt::print("(no GPUs)\n");
-  fmt::print("queue: {} request{} waiting ({}){}\n", status.queue_length,
-             status.queue_length == 1 ? "" : "s", status.queue_policy,
-             status.queue_length > 0 ? "; `gpulock queue` lists them" : "");
+  if (status.gpus.empty()) print_line("(no GPUs)");
+  print_line(fmt::format("queue: {} request{} waiting ({}){}", status.queue_length,
+                         status.queue_length == 1 ? "" : "s", status.queue_policy,
+                         status.queue_length > 0 ? "; `gpulock queue` lists them" : ""));
 }
 
 }  // namespace
