@@ -35,6 +35,15 @@ constexpr milliseconds kHeartbeat{2000};
 constexpr milliseconds kTicketTtl{6000};
 // After a lock's TTL ends, its GPU is free without any message: wake this long after.
 constexpr milliseconds kExpiryMargin{20};
+// Every call to the server is bounded by the request's deadline, so that --timeout and --no-wait
+// end on time against a server that accepts connections but never answers; a request that does
+// not wait still gets this long for its few round trips. Without a deadline, calls get the
+// connection's usual 5 s.
+constexpr milliseconds kLeastCallBudget{1000};
+constexpr milliseconds kLongestCall{5000};
+// What a waiter that is leaving, maybe after a silent server timed out, gives the server to
+// remove its ticket (which otherwise expires by itself within kTicketTtl).
+constexpr milliseconds kLeaveTimeout{250};
 
 bool is_uuid_like(const std::string& name) {
   return starts_with_ignoring_case(name, "GPU-") || starts_with_ignoring_case(name, "MIG-");
@@ -79,7 +88,16 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
 
   Ticket wanted = ticket_for_request(request, needed, user);
 
-  RedisConnectionLoan connection(*connections_);
+  const Clock::time_point calls_end = deadline == Clock::time_point::max()
+                                          ? Clock::time_point::max()
+                                          : std::max(deadline, start + kLeastCallBudget);
+  // The time the next call to the server may take.
+  const auto call_budget = [&] {
+    if (calls_end == Clock::time_point::max()) return kLongestCall;
+    const auto left = std::chrono::ceil<milliseconds>(calls_end - Clock::now());
+    return std::clamp(left, milliseconds(1), kLongestCall);
+  };
+  RedisConnectionLoan connection(*connections_, call_budget());
   std::vector<Device> local_devices = register_devices(*connection);
   std::unique_ptr<RedisConnection> subscriber;
   // The ticket while this request waits in the queue; it leaves the queue however we return.
@@ -90,7 +108,8 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     ~TicketGuard() {
       if (id.empty()) return;
       try {
-        connection.reconnect();
+        connection.reconnect(kLeaveTimeout);
+        connection->set_timeout(kLeaveTimeout);
         connection->run(redis_scripts::kLeave, {pool.settings().version_key()}, {id});
       } catch (const Error&) {
         // The server is gone: the ticket expires by itself within its TTL.
@@ -111,12 +130,13 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       if (warned_unreachable) {
         // Back after an outage (a server that restarted empty gets our registration again from
         // registered_snapshot below).
-        connection.reconnect();
+        connection.reconnect(call_budget());
         std::fprintf(stderr, "gpulock: Redis at %s answers again\n",
                      settings_.endpoint.display().c_str());
         warned_unreachable = false;
       }
       // The whole pool: limits and fair share count every host's leases.
+      connection->set_timeout(call_budget());
       const Snapshot snap = registered_snapshot(*connection, "", local_devices);
 
       // 1. Which GPUs could serve it at all.
@@ -236,6 +256,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
                                       ticket.id};
         for (const Gpu* g : chosen) args.push_back(g->device.uuid);
         const auto sent = Clock::now();
+        connection->set_timeout(call_budget());
         const RedisValue reply =
             connection->run(redis_scripts::kAcquire, {settings_.version_key()}, args);
         if (!reply.elements.empty() && reply.elements[0].text == "ok" &&
@@ -265,6 +286,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
 
       if (!ticket.id.empty() && mine.may_enter) {
         // Room in the queue now: join it at the back.
+        connection->set_timeout(call_budget());
         connection->run(redis_scripts::kLeave, {settings_.version_key()}, {ticket.id});
         ticket.id.clear();
         wanted.entered_over_limit = false;
@@ -279,9 +301,10 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         wanted.entered_over_limit = waits_over_limit(waiting_now, user, config_);
         // Subscribe before registering and planning again, so that no release is missed.
         if (!subscriber) {
-          subscriber = RedisConnection::connect(settings_.endpoint, milliseconds(5000));
+          subscriber = RedisConnection::connect(settings_.endpoint, call_budget());
           subscriber->subscribe(settings_.prefix() + "events");
         }
+        connection->set_timeout(call_budget());
         connection->run(
             redis_scripts::kEnter, {settings_.version_key()},
             {wanted.id, std::to_string(kTicketTtl.count()), serialize_ticket(wanted), user});
@@ -345,6 +368,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
         const auto now = Clock::now();
         if (now >= next_heartbeat) {
+          connection->set_timeout(call_budget());
           const RedisValue renewed =
               connection->command({"PEXPIRE", settings_.prefix() + "ticket:" + ticket.id,
                                    std::to_string(kTicketTtl.count())});
@@ -376,7 +400,8 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
       }
       try {
-        subscriber = RedisConnection::connect(settings_.endpoint, milliseconds(2000));
+        subscriber = RedisConnection::connect(settings_.endpoint,
+                                              std::min(milliseconds(2000), call_budget()));
         subscriber->subscribe(settings_.prefix() + "events");
       } catch (const Error&) {
         // Still unreachable: the next round fails the same way and comes back here.

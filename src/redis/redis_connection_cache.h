@@ -41,11 +41,12 @@ class RedisConnectionLoan {
   ~RedisConnectionLoan() { cache_.give_back(std::move(connection_)); }
   RedisConnectionLoan(const RedisConnectionLoan&) = delete;
   RedisConnectionLoan& operator=(const RedisConnectionLoan&) = delete;
-  // Replaces a broken connection with a working one. Throws kEnvironment.
-  void reconnect() {
+  // Replaces a broken connection with a working one, whose command timeout is `timeout` (the
+  // cache's default when zero). Throws kEnvironment.
+  void reconnect(std::chrono::milliseconds timeout = {}) {
     if (connection_ && !connection_->broken()) return;
     connection_.reset();
-    connection_ = cache_.take();
+    connection_ = cache_.take(timeout);
   }
   RedisConnection* operator->() { return connection_.get(); }
   RedisConnection& operator*() { return *connection_; }

@@ -112,6 +112,28 @@ def test_unknown_host_exit_69(rw):
     check_refused(rw, url, "no-such-host.invalid", commands=COMMANDS[:1] + COMMANDS[-1:])
 
 
+# -- a server that accepts connections but never answers --------------------------------------
+
+# Each call to a silent server otherwise waits 5 s: a bound well below that shows the request's
+# own deadline was kept, with room for a slow, loaded machine.
+SILENT_BOUND = 4.0
+
+
+@pytest.mark.parametrize("waiting", [["--timeout", "1s"], ["--no-wait"]],
+                         ids=["timeout", "no-wait"])
+def test_a_silent_server_cannot_hold_a_request_past_its_deadline(rw, waiting):
+    with socket.socket() as silent:  # the kernel completes connections; nobody reads them
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = "redis://127.0.0.1:%d/0" % silent.getsockname()[1]
+        started = time.monotonic()
+        result = rw.run("run", *waiting, "--", "true", env=rw.env(url=url))
+        took = time.monotonic() - started
+    assert result.returncode == EX_UNAVAILABLE, result.stderr
+    assert "no answer in time" in result.stderr, result.stderr
+    assert took < SILENT_BOUND, "took %.1f s: %s" % (took, result.stderr)
+
+
 # -- a SIGKILLed holder ---------------------------------------------------------------------------
 
 def test_sigkilled_holder_gpus_return_when_the_ttl_ends(rw):
