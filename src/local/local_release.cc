@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/release_checks.h"
 #include "gpulock/error.hpp"
 #include "local/local_backend.h"
 #include "local/wait_channel.h"
@@ -50,10 +51,7 @@ bool send_signal(int pidfd, pid_t pid, int signal) {
 }  // namespace
 
 void LocalBackend::release(const std::string& lease_id) {
-  if (!is_lease_id(lease_id))
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("'{}' is not a lease id (16 hex digits, as `gpulock status` shows)",
-                            sanitize_for_display(lease_id, 40)));
+  check_lease_id(lease_id);
   std::optional<HolderRecord> found;
   std::vector<std::string> uuids;
   for (const Device& device : source_->devices()) {
@@ -73,16 +71,8 @@ void LocalBackend::release(const std::string& lease_id) {
   if (!found) throw Error(ErrorCode::kNotFound, "no active lease " + lease_id + " on this machine");
 
   const uid_t me = ::geteuid();
-  if (me != 0 && me != found->uid)
-    throw Error(ErrorCode::kPermissionDenied,
-                fmt::format("lease {} belongs to {}; only {} or root can release it", lease_id,
-                            found->user, found->user));
-  if (found->kind != HolderKind::kDetached)
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("lease {} is held by a running {} (pid {}): it ends when that "
-                            "process ends; stop it instead",
-                            lease_id, found->kind == HolderKind::kRun ? "command" : "process",
-                            found->holder.pid));
+  if (me != 0 && me != found->uid) throw not_the_owner(lease_id, *found);
+  if (found->kind != HolderKind::kDetached) throw held_by_a_running_process(lease_id, *found);
 
   // Signal only the process that really holds these lock files: same identity (pid + start
   // time), owned by the lease's user, with every one of the files open. A pidfd pins the

@@ -8,6 +8,7 @@
 
 #include "backend/device_fitness.h"
 #include "backend/gpu_status.h"
+#include "backend/release_checks.h"
 #include "gpulock/error.hpp"
 #include "process/process_identity.h"
 #include "redis/redis_backend.h"
@@ -82,10 +83,7 @@ QueueStatus RedisBackend::queue_of(const Snapshot& snap) {
 }
 
 void RedisBackend::release(const std::string& lease_id) {
-  if (!is_lease_id(lease_id))
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("'{}' is not a lease id (16 hex digits, as `gpulock status` shows)",
-                            sanitize_for_display(lease_id, 40)));
+  check_lease_id(lease_id);
   RedisConnectionLoan connection(*connections_);
   const RedisValue fields =
       connection->command({"HGET", settings_.prefix() + "lease:" + lease_id, "record"});
@@ -99,16 +97,10 @@ void RedisBackend::release(const std::string& lease_id) {
                 fmt::format("lease {} has an unreadable record, so its owner is unknown; only "
                             "root may release it",
                             lease_id));
-  if (record && record->user != me && ::geteuid() != 0)
-    throw Error(ErrorCode::kPermissionDenied,
-                fmt::format("lease {} belongs to {}; only they or root may release it", lease_id,
-                            sanitize_for_display(record->user, 64)));
+  if (record && record->user != me && ::geteuid() != 0) throw not_the_owner(lease_id, *record);
   const bool here = record && record->host == settings_.host;
   if (here && record->kind != HolderKind::kDetached && is_alive(record->holder))
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("lease {} is held by running process {} ({}); stop that process to "
-                            "end it",
-                            lease_id, record->holder.pid, holder_kind_name(record->kind)));
+    throw held_by_a_running_process(lease_id, *record);
   // Compare-and-delete, and a mark that tells the holder's renewals the lease ended.
   connection->run(redis_scripts::kRelease, {settings_.version_key()}, {lease_id});
   if (here && record->kind == HolderKind::kDetached && is_alive(record->holder))
