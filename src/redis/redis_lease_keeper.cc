@@ -73,6 +73,7 @@ void RedisLeaseKeeper::stop() {
     stopping_ = true;
   }
   wake_.notify_all();
+  published_.notify_all();
   if (!thread_) return;
   if (thread_process_ != ::getpid()) {
     (void)thread_.release();  // a forked copy: the thread is the parent's
@@ -87,12 +88,20 @@ void RedisLeaseKeeper::publish_record(const HolderRecord& record) {
 }
 
 void RedisLeaseKeeper::update_record(const std::string& record_json) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    record_json_ = record_json;
-    record_dirty_ = true;
-  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  record_json_ = record_json;
+  record_dirty_ = true;
+  const std::uint64_t version = ++record_version_;
+  const std::uint64_t tried = renewals_tried_;
   wake_.notify_all();
+  // Wait for the renewal that carries it, unless nothing renews here (no thread in this process,
+  // stopped for a fork) or this is the renewal thread itself (an on_lost callback).
+  const bool renewing_here = thread_ && thread_process_ == ::getpid() && !stopping_ &&
+                             std::this_thread::get_id() != thread_->get_id();
+  if (!renewing_here) return;
+  published_.wait_for(lock, call_timeout(terms_.ttl), [&] {
+    return record_confirmed_ >= version || renewals_tried_ > tried + 1 || stopping_ || lost_.load();
+  });
 }
 
 void RedisLeaseKeeper::on_lost(std::function<void(const std::string&)> callback) {
@@ -140,6 +149,10 @@ bool RedisLeaseKeeper::lost() const {
 
 void RedisLeaseKeeper::declare_lost(const std::string& reason) {
   if (lost_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // so that a waiting update_record() sees it
+  }
+  published_.notify_all();
   std::function<void(const std::string&)> callback;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -172,6 +185,7 @@ void RedisLeaseKeeper::run() {
       return;  // a lost lease is not renewed: someone else may hold its GPUs now
     }
     const std::string record = record_json_;
+    const std::uint64_t version = record_version_;
     record_dirty_ = false;
     lock.unlock();
 
@@ -217,6 +231,9 @@ void RedisLeaseKeeper::run() {
       return;
     }
     lock.lock();
+    ++renewals_tried_;
+    if (renewed) record_confirmed_ = version;
+    published_.notify_all();
     if (renewed) {
       confirmed_at_ = sent.time_since_epoch().count();
       next = sent + period;

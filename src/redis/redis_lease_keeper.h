@@ -45,7 +45,9 @@ class RedisLeaseKeeper final : public LeaseKeeper {
                    Clock::time_point confirmed_at);
   ~RedisLeaseKeeper() override;
 
-  // Publishes the record (as holder_record_json) with the next renewal, done at once.
+  // Publishes the record (as holder_record_json) with a renewal done at once, and returns once
+  // the server has it (so that `gpulock status` and `gpulock release` see it next), or when
+  // that renewal fails, at most TTL/3 later (the record then goes with a later renewal).
   void publish_record(const HolderRecord& record) override;
   void update_record(const std::string& record_json);
   std::span<const int> lock_fds() const override { return {}; }
@@ -74,8 +76,12 @@ class RedisLeaseKeeper final : public LeaseKeeper {
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
+  std::condition_variable published_;
   bool stopping_ = false;
   bool record_dirty_ = false;
+  std::uint64_t record_version_ = 0;    // counts update_record() calls
+  std::uint64_t record_confirmed_ = 0;  // the version the server confirmed last
+  std::uint64_t renewals_tried_ = 0;    // renewals that ended, confirmed or not
   bool disowned_ = false;
   bool warned_ = false;
   std::string record_json_;
