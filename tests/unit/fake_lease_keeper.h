@@ -26,6 +26,8 @@ class FakeLeaseKeeper final : public LeaseKeeper {
     std::mutex mutex;
     std::vector<HolderRecord> published;
     std::atomic<bool> destroyed{false};
+    // Called after each publish_record(), e.g. to tell a waiting command.
+    std::function<void()> after_publish;
   };
 
   FakeLeaseKeeper(std::shared_ptr<Log> log, std::uint64_t token, std::string host)
@@ -33,8 +35,13 @@ class FakeLeaseKeeper final : public LeaseKeeper {
   ~FakeLeaseKeeper() override { log_->destroyed = true; }
 
   void publish_record(const HolderRecord& record) override {
-    std::lock_guard<std::mutex> lock(log_->mutex);
-    log_->published.push_back(record);
+    std::function<void()> after;
+    {
+      std::lock_guard<std::mutex> lock(log_->mutex);
+      log_->published.push_back(record);
+      after = log_->after_publish;
+    }
+    if (after) after();
   }
   std::span<const int> lock_fds() const override { return {}; }
   std::uint64_t fencing_token() const override { return token_; }

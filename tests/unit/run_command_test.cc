@@ -70,13 +70,17 @@ class RunCommandTest : public ::testing::Test {
 TEST_F(RunCommandTest, TheCommandGetsTheLeaseEnvironmentAndTheRecordNamesIt) {
   Lease lease = FakeLease(std::make_unique<FakeLeaseKeeper>(log_, 42, "hostA"), 2);
   const auto out = temp_.path() / "env";
-  const int status =
-      run_command(lease,
-                  {"sh", "-c",
-                   "printf '%s|%s|%s|%s\\n' \"$CUDA_VISIBLE_DEVICES\" \"$GPULOCK_LEASE_ID\" "
-                   "\"$GPULOCK_FENCING_TOKEN\" \"$GPULOCK_LEASE_HOST\" > \"$0\"; exit 7",
-                   out.string()},
-                  VisibleFormat::kIndex);
+  const auto published = temp_.path() / "published";
+  // The command lives until its record is published, so that the record can name it.
+  log_->after_publish = [published] { std::ofstream(published).put('\n'); };
+  const int status = run_command(
+      lease,
+      {"sh", "-c",
+       "printf '%s|%s|%s|%s\\n' \"$CUDA_VISIBLE_DEVICES\" \"$GPULOCK_LEASE_ID\" "
+       "\"$GPULOCK_FENCING_TOKEN\" \"$GPULOCK_LEASE_HOST\" > \"$0\"; i=0; "
+       "while [ ! -e \"$1\" ] && [ $i -lt 24000 ]; do sleep 0.005; i=$((i+1)); done; exit 7",
+       out.string(), published.string()},
+      VisibleFormat::kIndex);
   EXPECT_EQ(status, 7);
   EXPECT_EQ(ReadFile(out), "0,1|0123456789abcdef|42|hostA\n");
   std::lock_guard<std::mutex> lock(log_->mutex);
