@@ -56,19 +56,6 @@ class GpuPoolTest : public ::testing::Test {
 
   GpuPool Pool(unsigned count) { return GpuPool(make_simulated_source(count), Options()); }
 
-  // Writes the simulated GPU file (atomically: a running pool re-reads it on every query).
-  void WriteGpus(const std::string& json) {
-    const fs::path temporary = gpus_file_.string() + ".new";
-    std::ofstream(temporary) << json;
-    fs::rename(temporary, gpus_file_);
-  }
-
-  GpuPool PoolFromFile(const std::string& json, PoolOptions options) {
-    WriteGpus(json);
-    return GpuPool(make_simulated_source_from_file(gpus_file_.string()), std::move(options));
-  }
-  GpuPool PoolFromFile(const std::string& json) { return PoolFromFile(json, Options()); }
-
   fs::path LockFile(const std::string& uuid) const {
     return lock_dir_ / LockDirectory::lock_file_name(uuid);
   }
@@ -82,7 +69,6 @@ class GpuPoolTest : public ::testing::Test {
 
   TempDir temp_;
   fs::path lock_dir_ = temp_.path() / "locks";
-  fs::path gpus_file_ = temp_.path() / "gpus.json";
 };
 
 // --- acquiring ----------------------------------------------------------------------------
