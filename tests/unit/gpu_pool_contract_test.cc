@@ -122,6 +122,12 @@ TEST_P(GpuPoolContractTest, AcquireOneGpu) {
   EXPECT_EQ(lease.cuda_visible_devices(VisibleFormat::kUuid), SimUuid(0));
   EXPECT_EQ(lease.lock_fds().size(), LockFds(1));
   EXPECT_NE(lease.started_at(), std::chrono::system_clock::time_point{});
+  // Fencing tokens are the Redis backend's; the local backend's is 0 (include/gpulock/lease.hpp).
+  if (redis())
+    EXPECT_GT(lease.fencing_token(), 0u);
+  else
+    EXPECT_EQ(lease.fencing_token(), 0u);
+  EXPECT_FALSE(lease.lost());
 }
 
 TEST_P(GpuPoolContractTest, AcquireTwoGpus) {
@@ -657,6 +663,15 @@ TEST_P(GpuPoolContractTest, ExplicitGpuOutsideCudaVisibleDevicesIsUnsatisfiable)
   LeaseRequest request = Named({"0"});
   request.cuda_visible_devices = "1";
   ExpectError([&] { pool.acquire(request); }, ErrorCode::kUnsatisfiable, "CUDA_VISIBLE_DEVICES");
+}
+
+TEST_P(GpuPoolContractTest, PoolReportsItsBackendAndDevices) {
+  GpuPool pool = Pool(2);
+  EXPECT_EQ(pool.backend_name(), redis() ? "redis" : "file");
+  EXPECT_EQ(pool.lock_dir(), redis() ? fs::path() : lock_dir_);  // empty on Redis
+  EXPECT_TRUE(pool.warnings().empty());
+  EXPECT_TRUE(pool.device_source().simulated());
+  EXPECT_EQ(pool.devices().size(), 2u);
 }
 
 TEST_P(GpuPoolContractTest, MovedPoolKeepsWorking) {
