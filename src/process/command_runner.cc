@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -101,11 +102,18 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
   // Shared with the callback, so that a late call never writes to a closed descriptor.
   const auto lost_fd = std::make_shared<UniqueFd>(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!*lost_fd) throw Error(ErrorCode::kInternal, errno_message("eventfd", errno));
-  lease.on_lost([lost_fd, id = lease.id(), on_loss](const std::string& reason) {
+  // Said once, by whoever learns of the loss first: the keeper's thread, or this thread reading
+  // the lease's clock after a pause (the command may be gone before the thread runs).
+  const auto announced = std::make_shared<std::atomic<bool>>(false);
+  const auto announce = [announced, id = lease.id(), on_loss](const std::string& reason) {
+    if (announced->exchange(true)) return;
     std::fprintf(stderr, "gpulock: warning: lease %s lost: %s. %s\n", id.c_str(), reason.c_str(),
                  on_loss == LeaseLossAction::kKill
                      ? "Stopping the command (--on-lease-loss=kill)."
                      : "The command keeps running, but its GPUs may be given to others.");
+  };
+  lease.on_lost([lost_fd, announce](const std::string& reason) {
+    announce(reason);
     const std::uint64_t one = 1;
     [[maybe_unused]] const ssize_t n = ::write(lost_fd->get(), &one, sizeof one);
   });
@@ -164,7 +172,10 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
   while (true) {
     // The lease's own clock first: after a pause past the TTL, the keeper's thread may not have
     // run yet to report the loss, but the lease is lost already.
-    if (!loss_seen && lease.lost()) act_on_loss();
+    if (!loss_seen && lease.lost()) {
+      announce("no renewal was confirmed for a whole TTL");
+      act_on_loss();
+    }
     pollfd waits[2] = {{signals.get(), POLLIN, 0}, {lost_fd->get(), POLLIN, 0}};
     int timeout_ms = -1;
     if (killing)
