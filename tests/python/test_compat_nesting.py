@@ -139,6 +139,28 @@ def test_scheduler_inside_gpu_owner_uses_the_owners_gpus(gl, torch_path):
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
 
 
+def test_lock_gpu_021_inside_gpu_owner_is_lent_the_owners_gpu(gl):
+    """docs/migration.md: a lock_gpu() inside a GPUOwner gets one of the owner's GPUs. The
+    owner's lease is the one GPULOCK_LEASE_ID names, so 0.2.1's lock is lent a GPU of it, like
+    under `gpulock run`, instead of raising Unsatisfiable against its own process."""
+    gl.hold("--gpus", "0")
+    owner = safe_gpu.GPUOwner(2)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,2"
+    with lock_gpu() as lock:
+        assert lock.uid == 1 and os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+        with lock_gpu() as inner:  # 0.2.1 inside 0.2.1: the owner's other GPU
+            assert inner.uid == 2 and os.environ["CUDA_VISIBLE_DEVICES"] == "1,2"
+            with pytest.raises(RuntimeError):
+                lock_gpu()
+        holders = gl.holders()
+        assert holders["1"] == holders["2"] == os.getpid()
+        assert gl.gpu_status(1)["holder"]["label"] == "safe_gpu"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,2"
+    owner.release()
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    assert gl.no_wait_run("1,2") == 0
+
+
 def test_scheduler_inside_lock_gpu_021(gl, torch_path):
     with lock_gpu(n=2) as lock:
         assert lock.uid == [0, 1] and os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"

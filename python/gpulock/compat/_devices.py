@@ -197,6 +197,17 @@ class Borrowed:
                 _own[u][1] = False
 
 
+def _encloses(source: Any) -> bool:
+    """True if ``source`` (of an _own entry) is the lease this process runs under: the one
+    GPULOCK_LEASE_ID names (set by `gpulock run`, by `eval "$(gpulock acquire …)"`, and by a
+    safe_gpu GPUOwner, whose lease exports it like CUDA_VISIBLE_DEVICES)."""
+    if isinstance(source, str):
+        return True
+    held = source()
+    lease_id = os.environ.get("GPULOCK_LEASE_ID") or None
+    return held is not None and lease_id is not None and getattr(held, "id", None) == lease_id
+
+
 def claim(
     count: int, candidates: List[str], exact: bool = False, lend: bool = True, **options: Any
 ) -> Any:
@@ -204,14 +215,14 @@ def claim(
     ``exact``). When every candidate is a GPU this process holds already (see above), they are
     lent, one block at a time, and a Borrowed is returned; otherwise a new gpulock lease of
     the candidates it does not hold (``options`` go to ``gpulock.lease``). ``lend=False``: only
-    the enclosing lease's GPUs are lent, not other compat objects' (gpu_lock 0.2.1's nested
-    locks each take a GPU of their own)."""
+    the enclosing lease's GPUs (GPULOCK_LEASE_ID's: `gpulock run`'s, a GPUOwner's) are lent,
+    not other compat objects' (gpu_lock 0.2.1's nested locks each take a GPU of their own)."""
     from .._errors import Unavailable
     from .._lease import lease
 
     mine = [u for u in candidates if _owned(u) is not None]
     if not lend:
-        mine = [u for u in mine if isinstance(_own[u][2], str)]
+        mine = [u for u in mine if _encloses(_own[u][2])]
     if mine and len(mine) == len(candidates):
         lendable = [u for u in mine if not _own[u][1]]
         if len(lendable) >= (len(candidates) if exact else count):
