@@ -347,3 +347,21 @@ def test_021_between_processes_and_with_the_cli(gl):
         child.tell("release")
         assert child.wait() == 0, child.describe()
     assert gl.no_wait_run("0,2,3") == 0
+
+
+def test_021_block_whose_cuda_visible_devices_the_caller_changed_leaves_no_trace(gl, monkeypatch):
+    """Code inside a 0.2.1 block may set CUDA_VISIBLE_DEVICES itself; the block's record of
+    what it set must still end with it, or a later lock_gpu() misreads the caller's value
+    (here: CUDA_VISIBLE_DEVICES=0 set by the caller afterwards was taken for the old block's,
+    so lock_gpu(n=2) locked GPUs 0 and 3, though the caller shows only GPU 0)."""
+    with lock_gpu():
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2"  # the caller's change is left alone
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    gl.hold("--gpus", "1,2")
+    with pytest.raises(gpulock.Unsatisfiable):  # the caller shows one GPU, not two
+        lock_gpu(n=2)
+    with lock_gpu() as lock:
+        assert lock.uid == 0 and os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"

@@ -187,14 +187,18 @@ def _export(held: Any) -> SavedEnvironment:
         value = current + "," + value
     saved.set("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     saved.set("CUDA_VISIBLE_DEVICES", value)
-    _blocks.append([value, current])
+    block: List[Optional[str]] = [value, current]
+    _blocks.append(block)
+    saved.block = block  # type: ignore[attr-defined]
     return saved
 
 
 def _unexport(saved: SavedEnvironment) -> None:
-    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    # This block's own entry, even if the caller changed CUDA_VISIBLE_DEVICES in the block: a
+    # stale entry would make a later block misread the caller's value.
+    block = getattr(saved, "block", None)
     for n in range(len(_blocks) - 1, -1, -1):
-        if _blocks[n][0] == value:
+        if _blocks[n] is block:
             del _blocks[n]
             break
     saved.restore()
