@@ -11,7 +11,9 @@ CUDA_VISIBLE_DEVICES already set (Slurm, a container, ``safe_gpu``, ``gpulock ru
 GPUs it shows are candidates and ``gpu_ids`` are their positions in it (gpu_scheduler picked
 among all the machine's GPUs and could hand back a GPU the process cannot see, or one it sees
 under another number). ``torch.cuda.set_device`` is called also when PyTorch is first imported
-inside the block, and the previous device is made current again after it; CUDA_DEVICE_ORDER is
+inside the block, and the previous device is made current again after it if CUDA was initialised
+before the block (if not, the block's device stays current: making device 0 current would
+create a CUDA context on a GPU that may be someone else's); CUDA_DEVICE_ORDER is
 PCI_BUS_ID for the block when unset, then removed again. No nvidia-smi polling
 (``poll_interval`` is accepted and unused): the wait is in gpulock's fair queue, woken when a
 lease ends, with health re-read every 2 s; the lock cannot go stale and is seen by every gpulock
