@@ -224,6 +224,15 @@ def test_unreachable_redis_as_gpu_py_says(gl, command):
         assert result.stdout == "Can not connect to Redis server, try to start server first.\n"
 
 
+def test_get_killed_by_a_signal_exits_as_a_shell_says(gl, command):
+    """`gpulock acquire` ended by SIGTERM: 143 (128+15), as a shell reports it, not 241."""
+    fake = gl.tmp / "killed-gpulock"
+    fake.write_text("#!/bin/sh\nkill -TERM $$\n")
+    fake.chmod(0o755)
+    result = gpupy(gl, command, "--get", env=gl.env(GPULOCK_BINARY=str(fake)))
+    assert (result.returncode, result.stdout) == (143, "")
+
+
 def test_bad_options_are_usage_errors(gl, command):
     result = gpupy(gl, command, "--release", "x")
     assert result.returncode == 2 and "invalid int value" in result.stderr

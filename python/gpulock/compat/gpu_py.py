@@ -173,6 +173,8 @@ def _get() -> int:
     if result.returncode == 69 and _is_redis():
         print(GPU_PY_CONNECT_ERROR)
         return EXIT_GPU_PY_ERROR
+    if result.returncode < 0:  # killed by a signal: a shell's 128+N, not sys.exit(-N)'s 256-N
+        return 128 - result.returncode
     if result.returncode != 0:
         return result.returncode  # gpulock said why on stderr
     print(result.stdout.strip())
