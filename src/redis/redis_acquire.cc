@@ -16,6 +16,7 @@
 #include "backend/request_checks.h"
 #include "gpulock/error.hpp"
 #include "process/process_identity.h"
+#include "redis/fencing_token.h"
 #include "redis/redis_backend.h"
 #include "redis/redis_lease_keeper.h"
 #include "redis/redis_scripts.h"
@@ -121,7 +122,8 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   std::string last_progress;
   bool first_round = true;
   bool warned_unreachable = false;
-  bool has_waited = false;  // registered in the queue at least once
+  bool has_waited = false;     // registered in the queue at least once
+  bool token_garbage = false;  // the pool's token counter is unusable: retrying cannot help
 
   while (true) {
     try {
@@ -262,6 +264,21 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         if (!reply.elements.empty() && reply.elements[0].text == "ok" &&
             reply.elements.size() == 2 + chosen.size()) {
           ticket.id.clear();  // the script removed it
+          const std::optional<std::uint64_t> token = parse_fencing_token(reply.elements[1].text);
+          if (!token) {
+            // A garbage `token` key made a token that is no 64-bit count: give the GPUs back
+            // at once rather than leave them locked until the TTL ends.
+            std::vector<std::string> release_args{lease_id};
+            for (const Gpu* g : chosen) release_args.push_back(g->device.uuid);
+            connection->run(redis_scripts::kRelease, {settings_.version_key()}, release_args);
+            token_garbage = true;
+            throw Error(ErrorCode::kEnvironment,
+                        fmt::format("pool '{}': its fencing-token counter ({}token) gave '{}', "
+                                    "which is not a 64-bit count, so the lease was given back; "
+                                    "an administrator must repair the key (see `gpulock doctor`)",
+                                    settings_.pool, settings_.prefix(),
+                                    sanitize_for_display(reply.elements[1].text, 40)));
+          }
           auto lease = std::make_unique<LeaseState>();
           lease->id = lease_id;
           for (const Gpu* g : chosen)
@@ -273,7 +290,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           RedisLeaseTerms terms{settings_.version_key(),
                                 settings_.lease_ttl,
                                 lease_id,
-                                std::stoull(reply.elements[1].text),
+                                *token,
                                 record.gpus,
                                 user,
                                 gpu_host};
@@ -384,7 +401,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       // Redis went away while this request waits in the queue: keep waiting (its ticket expires
       // meanwhile, so it joins again at the back), retrying every second until the deadline.
       // Before the request has waited, an unreachable server is an error (exit 69).
-      if (error.code() != ErrorCode::kEnvironment || !has_waited) throw;
+      if (error.code() != ErrorCode::kEnvironment || !has_waited || token_garbage) throw;
       if (Clock::now() >= deadline) throw;
       if (!warned_unreachable)
         std::fprintf(stderr, "gpulock: warning: %s; still waiting, retrying every second\n",

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "gpulock/error.hpp"
+#include "redis/fencing_token.h"
 #include "redis/redis_backend.h"
 #include "redis/redis_scripts.h"
 #include "util/random_id.h"
@@ -135,6 +136,30 @@ std::vector<DoctorCheck> RedisBackend::doctor() {
                        "next renewal, and new fencing tokens continue from the server's time in "
                        "microseconds, above every earlier one (unless the server's clock was "
                        "set back)");
+    }
+
+    // The fencing-token counter: read back as untrusted input.
+    const RedisValue token = connection->command({"GET", settings_.prefix() + "token"});
+    if (token.is_nil()) {
+      add(Level::kOk, "fencing tokens", "none given out yet in this pool");
+    } else if (const auto last = token.type == RedisValue::Type::kString
+                                     ? parse_fencing_token(token.text)
+                                     : std::nullopt;
+               !last) {
+      add(Level::kFailed, "fencing tokens",
+          fmt::format("{}token holds {}, not a count: new leases may get tokens no larger than "
+                      "earlier ones. Set it (SET) to a number above every token given out, e.g. "
+                      "the current time in microseconds",
+                      settings_.prefix(),
+                      token.is_error() ? std::string("a value of the wrong type")
+                                       : "'" + sanitize_for_display(token.text, 40) + "'"));
+    } else if (*last >= kExactTokenLimit) {
+      add(Level::kFailed, "fencing tokens",
+          fmt::format("{}token is {}, at or above 2^53, where the acquire script cannot count "
+                      "exactly: two leases could get the same token",
+                      settings_.prefix(), *last));
+    } else {
+      add(Level::kOk, "fencing tokens", fmt::format("the last one given out is {}", *last));
     }
 
     // Keys under the prefix that hold the wrong kind of value.

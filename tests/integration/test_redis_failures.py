@@ -388,6 +388,38 @@ def test_garbage_lease_record(rw):
                interval=0.2, what="GPU 0 to be free after its holder ended")
 
 
+@pytest.mark.parametrize("token", ["99999999999999999999", "18446744073709551616"])
+def test_a_token_beyond_64_bits_fails_cleanly_and_leaves_no_lock(rw, token):
+    # Such a key made every acquire fail with "internal error: stoull" (exit 70) and left the
+    # GPU's lock key written until its TTL ended; doctor called every key well-formed.
+    uuids = rw.register("node-a", gpus=1)
+    rw.server.command("SET", rw.key("token"), token)
+    result = rw.run("run", "-n", "1", "--no-wait", "--", "true")
+    assert result.returncode == EX_UNAVAILABLE, result.stderr
+    assert "fencing-token counter" in result.stderr and "internal error" not in result.stderr, \
+        result.stderr
+    assert rw.server.command("GET", rw.lock_key(uuids[0])) is None, "a lock key was left behind"
+    doctor = rw.run("doctor")
+    assert doctor.returncode != 0, doctor.stdout
+    assert re.search(r"failed\s+fencing tokens: .*token", doctor.stdout), doctor.stdout
+    # Repaired, the pool works again.
+    rw.server.command("SET", rw.key("token"), "1000")
+    assert rw.run_no_wait("-n", "1").returncode == 0
+
+
+def test_doctor_reports_a_garbage_or_inexact_token_key(rw):
+    rw.register("node-a", gpus=1)
+    for value, words in (("not-a-number", "not a count"), (str(2 ** 53), "2^53")):
+        rw.server.command("SET", rw.key("token"), value)
+        doctor = rw.run("doctor")
+        assert doctor.returncode != 0, doctor.stdout
+        assert words in doctor.stdout, doctor.stdout
+    rw.server.command("DEL", rw.key("token"))
+    rw.server.command("RPUSH", rw.key("token"), "a-list")
+    doctor = rw.run("doctor")
+    assert "wrong type" in doctor.stdout, doctor.stdout
+
+
 def test_garbage_in_token_and_registry_keys(rw):
     uuids = rw.register("node-a", gpus=2)
     rw.register("node-b", gpus=2)

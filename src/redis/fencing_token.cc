@@ -1,0 +1,18 @@
+// Reading a fencing token back from Redis (redis/fencing_token.h).
+#include "redis/fencing_token.h"
+
+#include <charconv>
+
+namespace gpulock {
+
+std::optional<std::uint64_t> parse_fencing_token(std::string_view text) {
+  if (text.empty() || text.size() > 20 || (text.size() > 1 && text[0] == '0')) return std::nullopt;
+  for (const char c : text)
+    if (c < '0' || c > '9') return std::nullopt;
+  std::uint64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+}  // namespace gpulock
