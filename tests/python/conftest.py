@@ -407,3 +407,15 @@ def package_version_sources():
     cmake_version = re.search(r"project\(\s*gpulock\s+VERSION\s+([0-9.]+)", cmake).group(1)
     return py_version, cmake_version
 
+
+# A stand-in PyTorch (tests/python/standin), for the compat tests: Debian's torch is not needed.
+STANDIN = str(pathlib.Path(__file__).with_name("standin"))
+
+
+@pytest.fixture
+def torch_path(monkeypatch):
+    """The stand-in torch importable, and not imported yet; forgotten again after the test."""
+    monkeypatch.syspath_prepend(STANDIN)
+    sys.modules.pop("torch", None)
+    yield
+    sys.modules.pop("torch", None)

@@ -6,31 +6,20 @@ tests/python/standin (Debian's CPU-only python3-torch has no CUDA devices to sel
 records set_device calls and counts the devices CUDA_VISIBLE_DEVICES shows at import."""
 
 import os
-import pathlib
 import sys
 
 import pytest
 
 import gpulock
 from gpulock.compat import GPUScheduler, gpu_scheduler, lock_gpu, safe_gpu
-from conftest import EX_TEMPFAIL
+from conftest import EX_TEMPFAIL, STANDIN
 
-STANDIN = str(pathlib.Path(__file__).with_name("standin"))
 
 
 @pytest.fixture(autouse=True)
 def no_bans(monkeypatch):
     monkeypatch.setattr(gpu_scheduler, "BANNED_GPUS", [])
     monkeypatch.setattr(gpu_scheduler, "BANNED_GPU_NAMES", [])
-
-
-@pytest.fixture
-def torch_path(monkeypatch):
-    """The stand-in torch importable, and not imported yet; forgotten again after the test."""
-    monkeypatch.syspath_prepend(STANDIN)
-    sys.modules.pop("torch", None)
-    yield
-    sys.modules.pop("torch", None)
 
 
 def test_preset_visible_devices_numbers_ids_within_them(gl, torch_path, monkeypatch):

@@ -7,14 +7,13 @@ gpu-acquisitor check (two claimants started in parallel) never gives a GPU to bo
 import gc
 import logging
 import os
-import pathlib
 import sys
 
 import pytest
 
 import gpulock
 from gpulock.compat import GPUOwner, claim_gpus, safe_gpu
-from conftest import EX_TEMPFAIL, HANG, wait_until
+from conftest import EX_TEMPFAIL, HANG, STANDIN, wait_until
 
 
 def test_importable_as_the_seed_module():
@@ -224,16 +223,6 @@ def test_claim_gpus_holds_for_the_rest_of_the_process(gl):
 
 # -- the whole public surface of safe-gpu 1.x and 2.0 (issue 14) ------------------------------
 
-STANDIN = str(pathlib.Path(__file__).with_name("standin"))
-
-
-@pytest.fixture
-def torch_path(monkeypatch):
-    """The stand-in torch (tests/python/standin) importable and not imported yet."""
-    monkeypatch.syspath_prepend(STANDIN)
-    sys.modules.pop("torch", None)
-    yield
-    sys.modules.pop("torch", None)
 
 
 def test_public_names_of_every_release():
