@@ -3,6 +3,7 @@
 
 #include "backend/lease_state.h"
 #include "backend/visible_devices.h"
+#include "gpulock/error.hpp"
 #include "process/process_identity.h"
 
 namespace gpulock {
@@ -69,6 +70,11 @@ std::uint64_t Lease::fencing_token() const {
 const std::string& Lease::host() const {
   static const std::string empty;
   return state_ ? state_->keeper->gpu_host() : empty;
+}
+
+std::uint64_t Lease::verify() {
+  if (!state_) throw Error(ErrorCode::kInvalidArgument, "the lease was released");
+  return state_->keeper->verify();
 }
 
 bool Lease::lost() const {

@@ -155,6 +155,12 @@ const char* gpulock_lease_host(const gpulock_lease* lease);
 /* Redis backend: 1 once the lease expired before it could be renewed, or was released by
  * someone else (its GPUs may then be given to others); always 0 with the local backend. */
 int gpulock_lease_lost(const gpulock_lease* lease);
+/* Confirms with the backend, in one round trip, that the lease still holds every one of its GPUs,
+ * and stores its fencing token in *token (0 with the local backend, which asks nothing: the
+ * kernel holds the lease). GPULOCK_NOT_FOUND when the lease is lost (gpulock_lease_lost() is 1
+ * from then on), GPULOCK_ENVIRONMENT when Redis cannot be asked, GPULOCK_INVALID_ARGUMENT after
+ * gpulock_lease_release(). For a job about to make a write that a lost lease must not make. */
+gpulock_status gpulock_lease_verify(gpulock_lease* lease, uint64_t* token);
 /* 1 while the lease is held by this process, 0 after gpulock_lease_release(). */
 int gpulock_lease_active(const gpulock_lease* lease);
 /* Releases the GPUs now; the handle stays valid until freed. */

@@ -65,6 +65,13 @@ class Lease {
   // Redis backend: true once the lease expired before it could be renewed, or was taken over;
   // a lost lease stays lost. Always false on the local backend (kernel locks cannot be lost).
   bool lost() const;
+  // Confirms with the backend, in one round trip, that the lease still holds every one of its
+  // GPUs, and returns its fencing token: for a job about to make a write that must not come
+  // from a lease that was lost meanwhile. On the local backend the kernel holds the lease, so it
+  // asks nothing and returns 0. Throws Error(kNotFound) when the lease is lost (lost() is then
+  // true), kEnvironment when Redis cannot be asked (the lease may still hold), kInvalidArgument
+  // for a released Lease.
+  std::uint64_t verify();
   // Called, from a background thread, when the lease is lost; without it a warning is printed.
   void on_lost(std::function<void(const std::string& reason)> callback);
 

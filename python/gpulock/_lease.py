@@ -150,6 +150,14 @@ class Lease:
         then be given to others. Always False with the local backend."""
         return bool(self._native.lost)
 
+    def verify(self) -> int:
+        """Confirms with the backend, in one round trip, that the lease still holds every one of
+        its GPUs, and returns its fencing token: call it just before a write that a lost lease
+        must not make. With the local backend the kernel holds the lease: nothing is asked and 0
+        is returned. Raises NotFound when the lease is lost (``lost`` is then True), SetupError
+        when Redis cannot be asked, InvalidRequest after ``release()``."""
+        return int(self._native.verify())
+
     @property
     def environment(self) -> Dict[str, str]:
         """What the lease sets: CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, GPULOCK_LEASE_ID and

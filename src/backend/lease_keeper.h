@@ -34,6 +34,10 @@ class LeaseKeeper {
   // The host whose GPUs these are, where the backend spans hosts; "" otherwise.
   virtual const std::string& gpu_host() const = 0;
 
+  // Asks the backend, in one round trip, whether the lease still holds every one of its GPUs, and
+  // returns its fencing token. Throws Error(kNotFound) when it does not (lost() is true from then
+  // on), kEnvironment when the backend cannot be asked. A lease the kernel holds asks nothing.
+  virtual std::uint64_t verify() = 0;
   // True once the lease is known lost: it expired before it could be renewed, or another lease
   // holds one of its GPUs. A lost lease stays lost. Never, for a lease the kernel holds.
   virtual bool lost() const = 0;

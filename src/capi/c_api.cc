@@ -393,6 +393,12 @@ int gpulock_lease_lost(const gpulock_lease* lease) {
   return lease != nullptr && lease->lease.lost() ? 1 : 0;
 }
 
+gpulock_status gpulock_lease_verify(gpulock_lease* lease, uint64_t* token) {
+  if (lease == nullptr) return null_argument("gpulock_lease_verify", "lease");
+  if (token == nullptr) return null_argument("gpulock_lease_verify", "token");
+  return guarded([&] { *token = lease->lease.verify(); });
+}
+
 size_t gpulock_lease_gpu_count(const gpulock_lease* lease) {
   return lease == nullptr ? 0 : lease->gpus.size();
 }

@@ -24,6 +24,8 @@ class LocalLeaseKeeper final : public LeaseKeeper {
   std::span<const int> lock_fds() const override { return raw_fds_; }
   std::uint64_t fencing_token() const override { return 0; }
   const std::string& gpu_host() const override;
+  // Held while its descriptors are open: nothing to ask.
+  std::uint64_t verify() override { return 0; }
   bool lost() const override { return false; }
   void on_lost(std::function<void(const std::string&)>) override {}
   // Descriptors survive fork as they are: the parent's copies close with its Lease, the child's

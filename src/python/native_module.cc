@@ -248,6 +248,22 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("fencing_token", &Lease::fencing_token)
       .def_property_readonly("host", &Lease::host)
       .def_property_readonly("lost", &Lease::lost)
+      .def("verify",
+           [](Lease& lease) {
+             // One round trip to Redis: without the GIL; the error is raised with it back.
+             std::optional<Error> failure;
+             std::uint64_t token = 0;
+             {
+               py::gil_scoped_release released;
+               try {
+                 token = lease.verify();
+               } catch (const Error& error) {
+                 failure = error;
+               }
+             }
+             if (failure) raise_python_error(*failure);
+             return token;
+           })
       .def_property_readonly(
           "started_at",
           [](const Lease& lease) {

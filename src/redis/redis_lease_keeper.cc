@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string_view>
 
 #include <fmt/format.h>
 
 #include "gpulock/error.hpp"
 #include "redis/redis_scripts.h"
+#include "util/strings.h"
 
 namespace gpulock {
 namespace {
@@ -137,6 +139,42 @@ void RedisLeaseKeeper::warn_once(const std::string& message) {
   }
   std::fprintf(stderr, "gpulock: warning: lease %s: %s; retrying\n", terms_.lease_id.c_str(),
                message.c_str());
+}
+
+std::uint64_t RedisLeaseKeeper::verify() {
+  const auto lost_error = [&](const std::string& why) {
+    return Error(ErrorCode::kNotFound, fmt::format("lease {} is lost: {}", terms_.lease_id, why));
+  };
+  if (lost()) throw lost_error("it was not renewed in time, or was taken or released");
+  // The keys' prefix is the version key's ("gpulock:{POOL}:version").
+  const std::string prefix =
+      terms_.version_key.substr(0, terms_.version_key.size() - std::string_view("version").size());
+  std::vector<std::string> command{"MGET"};
+  for (const auto& uuid : terms_.uuids) command.push_back(prefix + "lock:" + uuid);
+  RedisValue reply;
+  if (thread_process_ == ::getpid()) {
+    RedisConnectionLoan connection(*connections_, call_timeout(terms_.ttl));
+    reply = connection->command(command);
+  } else {
+    // A forked copy: the cached connections' sockets are the parent's.
+    reply = RedisConnection::connect(connections_->endpoint(), call_timeout(terms_.ttl))
+                ->command(command);
+  }
+  for (std::size_t i = 0; i < terms_.uuids.size(); ++i) {
+    const RedisValue* value = reply.type == RedisValue::Type::kArray && i < reply.elements.size()
+                                  ? &reply.elements[i]
+                                  : nullptr;
+    if (value == nullptr || value->text != terms_.lease_id) {
+      const std::string holder =
+          value == nullptr || value->is_nil() ? "nobody" : sanitize_for_display(value->text, 40);
+      const std::string why = fmt::format("GPU {} is held by {} in Redis", terms_.uuids[i], holder);
+      declare_lost(why);
+      throw lost_error(why);
+    }
+  }
+  // Confirmed: unless the lease's own clock ran out meanwhile (then lost() already said so).
+  if (lost()) throw lost_error("it was not renewed in time");
+  return terms_.token;
 }
 
 RedisLeaseKeeper::Clock::time_point RedisLeaseKeeper::lost_at() const {

@@ -53,6 +53,8 @@ class RedisLeaseKeeper final : public LeaseKeeper {
   std::span<const int> lock_fds() const override { return {}; }
   std::uint64_t fencing_token() const override { return terms_.token; }
   const std::string& gpu_host() const override { return terms_.gpu_host; }
+  // One MGET of the lease's lock keys, on a connection of this process's own.
+  std::uint64_t verify() override;
   // By the clock: true from the instant a whole TTL has passed since the last renewal the server
   // confirmed (counted from when it was sent), whoever asks and whether or not the renewal
   // thread has run since; also true once the server reported the lease taken or released.

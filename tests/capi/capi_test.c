@@ -401,6 +401,8 @@ static void test_null_arguments(void) {
   CHECK(gpulock_lease_gpu_uuid(NULL, 0) == NULL);
   CHECK(gpulock_lease_cuda_visible_devices(NULL) == NULL);
   CHECK(gpulock_lease_active(NULL) == 0);
+  uint64_t no_token = 0;
+  CHECK_STATUS(gpulock_lease_verify(NULL, &no_token), GPULOCK_INVALID_ARGUMENT);
   gpulock_lease_release(NULL);
   gpulock_lease_free(NULL);
   gpulock_request_free(NULL);
@@ -558,6 +560,12 @@ static void test_acquire_two(gpulock_pool* pool) {
   CHECK_STATUS(try_acquire(pool, visible, 1, 0, -1, &again), GPULOCK_TIMED_OUT);
   CHECK(again == NULL);
 
+  /* The kernel holds a local lease: verify asks nothing, and its token is 0. */
+  uint64_t token = 99;
+  CHECK_OK(gpulock_lease_verify(lease, &token));
+  CHECK(token == 0 && gpulock_lease_lost(lease) == 0);
+  CHECK_STATUS(gpulock_lease_verify(lease, NULL), GPULOCK_INVALID_ARGUMENT);
+
   /* Release: the handle stays valid, and so do the strings it gave out. */
   const char* uuid0 = gpulock_lease_gpu_uuid(lease, 0);
   const char* shown = gpulock_lease_cuda_visible_devices(lease);
@@ -566,6 +574,7 @@ static void test_acquire_two(gpulock_pool* pool) {
   CHECK(strlen(id) == 16 && strncmp(uuid0, "GPU-", 4) == 0 && strcmp(shown, visible) == 0);
   gpulock_lease_release(lease); /* a second release does nothing */
   CHECK(gpulock_lease_active(lease) == 0);
+  CHECK_STATUS(gpulock_lease_verify(lease, &token), GPULOCK_INVALID_ARGUMENT);
   CHECK(!status_json_contains(pool, id));
 
   CHECK_OK(try_acquire(pool, visible, 1, 0, -1, &again));

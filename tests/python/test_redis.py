@@ -89,6 +89,22 @@ def test_another_hosts_gpu_is_a_reservation_there(gl, redis):
             assert named.host == "py-b"
 
 
+def test_verify_returns_the_token_and_finds_a_taken_gpu_at_once(redis, monkeypatch):
+    monkeypatch.setenv("GPULOCK_LEASE_TTL", "60s")  # no renewal asks before verify() does
+    with gpulock.lease(count=2) as lease:
+        assert lease.verify() == lease.fencing_token
+        other = "0123456789abcdef"
+        redis.command("SET", "gpulock:{pytest}:lock:" + lease.gpus[1], other)
+        assert not lease.lost  # nothing has asked yet
+        with pytest.raises(gpulock.NotFound, match=other):
+            lease.verify()
+        assert lease.lost
+    with gpulock.lease() as local_view:
+        local_view.release()
+        with pytest.raises(gpulock.InvalidRequest):
+            local_view.verify()
+
+
 def test_a_lease_not_renewed_for_its_ttl_is_reported_lost(redis):
     lease = gpulock.lease()
     try:

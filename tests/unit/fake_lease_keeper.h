@@ -15,6 +15,7 @@
 
 #include "backend/lease_keeper.h"
 #include "backend/lease_state.h"
+#include "gpulock/error.hpp"
 #include "gpulock/lease.hpp"
 
 namespace gpulock::test_support {
@@ -46,6 +47,10 @@ class FakeLeaseKeeper final : public LeaseKeeper {
   std::span<const int> lock_fds() const override { return {}; }
   std::uint64_t fencing_token() const override { return token_; }
   const std::string& gpu_host() const override { return host_; }
+  std::uint64_t verify() override {
+    if (lost_.load()) throw Error(ErrorCode::kNotFound, "lost (fake)");
+    return token_;
+  }
   bool lost() const override { return lost_.load(); }
   void on_lost(std::function<void(const std::string&)> callback) override {
     std::lock_guard<std::mutex> lock(mutex_);

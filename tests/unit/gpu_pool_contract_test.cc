@@ -665,6 +665,15 @@ TEST_P(GpuPoolContractTest, ExplicitGpuOutsideCudaVisibleDevicesIsUnsatisfiable)
   ExpectError([&] { pool.acquire(request); }, ErrorCode::kUnsatisfiable, "CUDA_VISIBLE_DEVICES");
 }
 
+TEST_P(GpuPoolContractTest, VerifyConfirmsAHeldLeaseAndItsToken) {
+  GpuPool pool = Pool(2);
+  Lease lease = pool.acquire(Count(2));
+  EXPECT_EQ(lease.verify(), lease.fencing_token());
+  EXPECT_FALSE(lease.lost());
+  lease.release();
+  ExpectError([&] { lease.verify(); }, ErrorCode::kInvalidArgument, "released");
+}
+
 TEST_P(GpuPoolContractTest, PoolReportsItsBackendAndDevices) {
   GpuPool pool = Pool(2);
   EXPECT_EQ(pool.backend_name(), redis() ? "redis" : "file");

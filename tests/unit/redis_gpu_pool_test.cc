@@ -293,6 +293,27 @@ TEST_F(RedisGpuPoolTest, ALeaseWhoseGpuIsTakenOverIsLost) {
   EXPECT_TRUE(lease.lost());
 }
 
+TEST_F(RedisGpuPoolTest, VerifyAsksRedisAndFindsATakenGpuAtOnce) {
+  GpuPool pool = Pool("hostA", 2, std::nullopt, 30s);  // renewals far apart: only verify() asks
+  Lease lease = pool.acquire(Count(2));
+  EXPECT_EQ(lease.verify(), lease.fencing_token());
+  const std::string other = make_lease_id();
+  server_.command({"SET", keys_.lock(lease.gpus().at(1).uuid), other, "PX", "60000"});
+  EXPECT_FALSE(lease.lost());  // nothing has asked yet
+  ExpectError([&] { lease.verify(); }, ErrorCode::kNotFound, other);
+  EXPECT_TRUE(lease.lost());
+  ExpectError([&] { lease.verify(); }, ErrorCode::kNotFound, "lost");
+}
+
+TEST_F(RedisGpuPoolTest, VerifyWithoutTheServerIsAnEnvironmentErrorAndLosesNothing) {
+  GpuPool pool = Pool("hostA", 1, std::nullopt, 30s);
+  Lease lease = pool.acquire(Count(1));
+  server_.stop();
+  ExpectError([&] { lease.verify(); }, ErrorCode::kEnvironment);
+  EXPECT_FALSE(lease.lost()) << "not being able to ask is not a loss";
+  server_.start();
+}
+
 TEST_F(RedisGpuPoolTest, AnUnreachableServerIsAnEnvironmentErrorThatHidesThePassword) {
   const int port = test_support::closed_loopback_port();
   const std::string url =
