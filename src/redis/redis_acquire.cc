@@ -92,13 +92,16 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   const Clock::time_point calls_end = deadline == Clock::time_point::max()
                                           ? Clock::time_point::max()
                                           : std::max(deadline, start + kLeastCallBudget);
-  // The time the next call to the server may take.
+  const std::optional<Clock::time_point> calls_deadline =
+      calls_end == Clock::time_point::max() ? std::nullopt : std::optional(calls_end);
+  // The time a new connection may take to connect (each command then keeps calls_deadline).
   const auto call_budget = [&] {
-    if (calls_end == Clock::time_point::max()) return kLongestCall;
-    const auto left = std::chrono::ceil<milliseconds>(calls_end - Clock::now());
+    if (!calls_deadline) return kLongestCall;
+    const auto left = std::chrono::ceil<milliseconds>(*calls_deadline - Clock::now());
     return std::clamp(left, milliseconds(1), kLongestCall);
   };
   RedisConnectionLoan connection(*connections_, call_budget());
+  connection->set_deadline(calls_deadline);
   std::vector<Device> local_devices = register_devices(*connection);
   std::unique_ptr<RedisConnection> subscriber;
   // The ticket while this request waits in the queue; it leaves the queue however we return.
@@ -110,6 +113,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       if (id.empty()) return;
       try {
         connection.reconnect(kLeaveTimeout);
+        connection->set_deadline(std::nullopt);  // the request's may have passed
         connection->set_timeout(kLeaveTimeout);
         connection->run(redis_scripts::kLeave, {pool.settings().version_key()}, {id});
       } catch (const Error&) {
@@ -133,12 +137,12 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // Back after an outage (a server that restarted empty gets our registration again from
         // registered_snapshot below).
         connection.reconnect(call_budget());
+        connection->set_deadline(calls_deadline);
         std::fprintf(stderr, "gpulock: Redis at %s answers again\n",
                      settings_.endpoint.display().c_str());
         warned_unreachable = false;
       }
       // The whole pool: limits and fair share count every host's leases.
-      connection->set_timeout(call_budget());
       const Snapshot snap = registered_snapshot(*connection, "", local_devices);
 
       // 1. Which GPUs could serve it at all.
@@ -258,7 +262,6 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
                                       ticket.id};
         for (const Gpu* g : chosen) args.push_back(g->device.uuid);
         const auto sent = Clock::now();
-        connection->set_timeout(call_budget());
         const RedisValue reply =
             connection->run(redis_scripts::kAcquire, {settings_.version_key()}, args);
         if (!reply.elements.empty() && reply.elements[0].text == "ok" &&
@@ -303,7 +306,6 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
 
       if (!ticket.id.empty() && mine.may_enter) {
         // Room in the queue now: join it at the back.
-        connection->set_timeout(call_budget());
         connection->run(redis_scripts::kLeave, {settings_.version_key()}, {ticket.id});
         ticket.id.clear();
         wanted.entered_over_limit = false;
@@ -321,7 +323,6 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           subscriber = RedisConnection::connect(settings_.endpoint, call_budget());
           subscriber->subscribe(settings_.prefix() + "events");
         }
-        connection->set_timeout(call_budget());
         connection->run(
             redis_scripts::kEnter, {settings_.version_key()},
             {wanted.id, std::to_string(kTicketTtl.count()), serialize_ticket(wanted), user});
@@ -385,7 +386,6 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
         const auto now = Clock::now();
         if (now >= next_heartbeat) {
-          connection->set_timeout(call_budget());
           const RedisValue renewed =
               connection->command({"PEXPIRE", settings_.prefix() + "ticket:" + ticket.id,
                                    std::to_string(kTicketTtl.count())});

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/time.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <map>
 #include <mutex>
@@ -143,6 +144,7 @@ RedisValue RedisConnection::command(const std::vector<std::string>& args) {
     argv.push_back(arg.data());
     lengths.push_back(arg.size());
   }
+  if (deadline_) redisSetTimeout(context_, to_timeval(call_timeout()));
   void* reply =
       redisCommandArgv(context_, static_cast<int>(argv.size()), argv.data(), lengths.data());
   const int error_number = errno;
@@ -153,7 +155,7 @@ RedisValue RedisConnection::command(const std::vector<std::string>& args) {
   if (closed_by_server && used_) {
     // A connection that sat idle (in a cache) was closed by the server meanwhile (a restart,
     // its idle timeout, CLIENT KILL): the command never reached it. Connect again, once.
-    std::unique_ptr<RedisConnection> fresh = connect(endpoint_, timeout_);
+    std::unique_ptr<RedisConnection> fresh = connect(endpoint_, call_timeout());
     std::swap(context_, fresh->context_);
     used_ = false;
     reply = redisCommandArgv(context_, static_cast<int>(argv.size()), argv.data(), lengths.data());
@@ -208,6 +210,19 @@ void RedisConnection::abandon_after_fork() {
 void RedisConnection::set_timeout(std::chrono::milliseconds timeout) {
   timeout_ = timeout;
   redisSetTimeout(context_, to_timeval(timeout));
+}
+
+void RedisConnection::set_deadline(std::optional<std::chrono::steady_clock::time_point> deadline) {
+  deadline_ = deadline;
+  if (!deadline_) redisSetTimeout(context_, to_timeval(timeout_));
+}
+
+std::chrono::milliseconds RedisConnection::call_timeout() const {
+  if (!deadline_) return timeout_;
+  const auto left =
+      std::chrono::ceil<std::chrono::milliseconds>(*deadline_ - std::chrono::steady_clock::now());
+  return std::clamp(left, std::chrono::milliseconds(1),
+                    std::max(timeout_, std::chrono::milliseconds(1)));
 }
 
 void RedisConnection::subscribe(const std::string& channel) {

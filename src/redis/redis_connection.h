@@ -55,6 +55,10 @@ class RedisConnection {
 
   // How long a command may take before it fails (and breaks the connection).
   void set_timeout(std::chrono::milliseconds timeout);
+  // Until cleared (nullopt), each command may take at most what is left before `deadline` (at
+  // least 1 ms), and never more than the timeout: a caller with a deadline of its own (a request's
+  // --timeout) then ends on time against a server that never answers, whichever calls it makes.
+  void set_deadline(std::optional<std::chrono::steady_clock::time_point> deadline);
   bool broken() const { return broken_; }
   // In a forked child: forget the parent's socket without touching it (the parent still uses
   // it); the connection is broken afterwards.
@@ -69,11 +73,14 @@ class RedisConnection {
  private:
   RedisConnection(redisContext* context, RedisEndpoint endpoint);
   [[noreturn]] void fail(const std::string& doing);
+  // The most the next command may take: the timeout, or less before the deadline.
+  std::chrono::milliseconds call_timeout() const;
   RedisValue checked(void* reply, const std::string& doing);
 
   redisContext* context_;
   RedisEndpoint endpoint_;
   std::chrono::milliseconds timeout_{5000};
+  std::optional<std::chrono::steady_clock::time_point> deadline_;
   bool broken_ = false;
   bool used_ = false;  // a command has completed on it (it may have sat idle since)
 };

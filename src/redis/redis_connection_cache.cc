@@ -23,6 +23,7 @@ std::unique_ptr<RedisConnection> RedisConnectionCache::take(std::chrono::millise
     }
   }
   if (!connection) return RedisConnection::connect(endpoint_, std::min(timeout, timeout_));
+  connection->set_deadline(std::nullopt);  // not its last user's
   connection->set_timeout(timeout);
   return connection;
 }
