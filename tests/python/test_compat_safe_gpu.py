@@ -4,6 +4,7 @@ CUDA_VISIBLE_DEVICES to them; placeholder_fn is called once per device; not enou
 raises RuntimeError at once; claim_gpus claims for the rest of the process; and the seed's
 gpu-acquisitor check (two claimants started in parallel) never gives a GPU to both."""
 
+import contextlib
 import gc
 import logging
 import os
@@ -95,25 +96,32 @@ def test_more_gpus_than_exist_raises_runtime_error(gl):
     assert isinstance(raised.value, gpulock.Unsatisfiable)
 
 
-def test_logger_messages(gl):
+@contextlib.contextmanager
+def kept_messages(name):
+    """A logger `name` whose messages are kept in a list while the block runs."""
     records = []
 
     class Keep(logging.Handler):
         def emit(self, record):
             records.append(record.getMessage())
 
-    logger = logging.getLogger("test-safe-gpu")
+    logger = logging.getLogger(name)
     logger.setLevel(logging.INFO)
     logger.propagate = False
     handler = Keep()
     logger.addHandler(handler)
     try:
+        yield logger, records
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_logger_messages(gl):
+    with kept_messages("test-safe-gpu") as (logger, records):
         owner = safe_gpu.GPUOwner(2, logger=logger, debug_sleep=0.5)
         assert records == ["acquiring lock", "lock acquired", "Set CUDA_VISIBLE_DEVICES=0,1"]
         owner.release()
         assert records[-1] == "lock released"
-    finally:
-        logger.removeHandler(handler)
 
 
 def test_release_and_wait_options(gl):
@@ -271,18 +279,7 @@ def test_placeholder_classes_with_release(gl, torch_path):
     """2.0's placeholders: objects called with each device number, whose release() the owner
     calls from release_gpus(); PyTorch's made on cuda:0 .. n-1 after CUDA_VISIBLE_DEVICES."""
     import torch
-    records = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    logger = logging.getLogger("test-safe-gpu-placeholders")
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    handler = Keep()
-    logger.addHandler(handler)
-    try:
+    with kept_messages("test-safe-gpu-placeholders") as (logger, records):
         owner = safe_gpu.GPUOwner(2, placeholder_fn=safe_gpu.PytorchPlaceholder(logger),
                                   logger=logger)
         assert torch.cuda.calls == [("zeros", "cuda:0"), ("zeros", "cuda:1")]
@@ -294,8 +291,6 @@ def test_placeholder_classes_with_release(gl, torch_path):
         assert owner.placeholders == []
         safe_gpu.TensorflowPlaceholder(logger).release(None)
         assert records[-1] == "Did nothing, TensorFlow doesn't expose interface for releasing GPUs"
-    finally:
-        logger.removeHandler(handler)
     assert gl.no_wait_run("0,1") == 0
 
 
