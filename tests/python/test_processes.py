@@ -264,8 +264,8 @@ def test_python_multi_gpu_waiter_reserves_gpus_against_cli_backfill(gl):
     os.environ["GPULOCK_FAKE_GPUS"] = "2"
     jobs = Jobs(gl)
     jobs.cli("h0", "--gpus", "0")
+    jobs.started("h0")  # before h1 starts: the two would otherwise log in either order
     jobs.cli("h1", "--gpus", "1")
-    jobs.started("h0")
     jobs.started("h1")
     jobs.python("big", count=2)
     jobs.queued("big")
