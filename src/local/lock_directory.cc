@@ -80,6 +80,11 @@ LockDirectory LockDirectory::open(const std::filesystem::path& path) {
                     : "; set GPULOCK_DIR to a directory you can write, e.g. /var/tmp/gpulock"));
   }
   UniqueFd fd(::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  // Another user's process may have created it a moment ago, still with mode 0700.
+  for (int attempt = 0; !fd && errno == EACCES && !created && attempt < 50; ++attempt) {
+    ::usleep(1000);
+    fd.reset(::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  }
   if (!fd) {
     int e = errno;
     struct stat link {};
@@ -95,6 +100,16 @@ LockDirectory LockDirectory::open(const std::filesystem::path& path) {
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0)
     environment_error(errno_message("cannot stat lock directory " + p, errno));
+  if (!created && st.st_uid == ::geteuid() && (st.st_mode & 07777) == 0700) {
+    // Mode 0700 and ours, not made by this call: most likely another process of this user
+    // created it a moment ago and is about to set mode 1777. Give it that moment before
+    // warning about the mode (several first uses at once would otherwise warn falsely).
+    for (int attempt = 0; attempt < 50 && (st.st_mode & 07777) == 0700; ++attempt) {
+      ::usleep(1000);
+      if (::fstat(fd.get(), &st) != 0)
+        environment_error(errno_message("cannot stat lock directory " + p, errno));
+    }
+  }
   if (created && st.st_uid == ::geteuid()) {
     // Explicit mode, never the umask: every user must be able to create lock files here, and
     // the sticky bit stops them from deleting or renaming each other's.
