@@ -27,6 +27,14 @@ const Placement& Plan::of(std::size_t request) const {
 
 Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
                 const std::vector<PlanRequest>& requests, const DistanceFunction& distance) {
+  std::vector<PlanRequest> copy = requests;
+  for (auto& r : copy) r.details_pending = false;
+  return plan_queue(policy, gpus, copy, distance, RequestLoader());
+}
+
+Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
+                std::vector<PlanRequest>& requests, const DistanceFunction& distance,
+                const RequestLoader& load) {
   // Each user's requests by arrival; those beyond the user's max_waiting are held back.
   std::map<uid_t, std::vector<std::size_t>> by_user;
   for (std::size_t i = 0; i < requests.size(); ++i) by_user[requests[i].uid].push_back(i);
@@ -95,9 +103,24 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   Plan plan;
   plan.position_of.assign(requests.size(), 0);
   for (std::size_t index : order) {
-    const PlanRequest& r = requests[index];
+    PlanRequest& r = requests[index];
     Placement placement;
     placement.request = index;
+    if (r.details_pending && !held_back[index]) {
+      // Only a free GPU that nobody earlier was given or reserved can change anything now.
+      const bool free_left = free.size() > claimed.size();
+      bool takes_part = false;
+      if (free_left && load) {
+        r.details_pending = false;
+        takes_part = load(index, r);
+      }
+      if (!takes_part) {
+        placement.standing = QueueStanding::kWaiting;
+        plan.position_of[index] = plan.order.size();
+        plan.order.push_back(std::move(placement));
+        continue;
+      }
+    }
     if (held_back[index]) {
       placement.standing = QueueStanding::kOverWaitingLimit;
       placement.may_enter = may_enter[index];

@@ -30,6 +30,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,6 +60,9 @@ struct PlanRequest {
   UserLimits limits;
   bool entered_over_limit = false;
   std::int64_t user_last_served = 0;  // when its user was last given GPUs (any unit; 0 = never)
+  // Only the fields that order the queue are known; candidates and health come from the
+  // loader, if the plan needs them (see plan_queue).
+  bool details_pending = false;
 };
 
 // Why a request lacks a GPU it could use.
@@ -93,5 +97,19 @@ struct Plan {
 
 Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
                 const std::vector<PlanRequest>& requests, const DistanceFunction& distance);
+
+// Fills in a request whose details are pending (its candidates and health), and says whether it
+// still takes part: false for one found gone (its waiter ended), which then takes and reserves
+// nothing.
+using RequestLoader = std::function<bool(std::size_t index, PlanRequest& request)>;
+
+// The same plan, reading requests' details only when they matter: the walk calls `load` for a
+// request with details_pending when it reaches it while some free GPU is neither given nor
+// reserved. Requests it reaches after that cannot change who is served or what is reserved, so
+// they are placed as waiting without their obstacles. The cost of a plan thus follows the
+// requests ahead of the last free GPU, not the length of the queue.
+Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
+                std::vector<PlanRequest>& requests, const DistanceFunction& distance,
+                const RequestLoader& load);
 
 }  // namespace gpulock

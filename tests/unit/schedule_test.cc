@@ -1161,3 +1161,86 @@ TEST(PlanProperty, RandomBusyScenariosKeepTheContract) {
 
 }  // namespace
 }  // namespace gpulock
+
+namespace gpulock {
+namespace {
+
+// --- details read on demand (issue 12) ----------------------------------------------------
+
+// A queue whose requests carry only what orders them: the loader supplies their candidates,
+// and records which it was asked for.
+struct PendingQueue {
+  std::vector<PlanRequest> requests;
+  std::vector<Strings> details;  // each request's candidates, as its ticket would say
+  std::set<std::size_t> gone;    // requests whose waiter ended
+  std::vector<std::size_t> loaded;
+
+  void Add(PlanRequest request) {
+    details.push_back(request.candidates);
+    request.candidates.clear();
+    request.details_pending = true;
+    requests.push_back(std::move(request));
+  }
+  Plan Run(const std::vector<PlannedGpu>& gpus) {
+    return plan_queue(QueuePolicy::kFifo, gpus, requests, ZeroDistance,
+                      [this](std::size_t i, PlanRequest& r) {
+                        loaded.push_back(i);
+                        if (gone.count(i)) return false;
+                        r.candidates = details[i];
+                        return true;
+                      });
+  }
+};
+
+TEST(PlanOnDemand, ReadsOnlyTheRequestsAheadOfTheLastFreeGpu) {
+  PendingQueue queue;
+  for (int i = 0; i < 1000; ++i)
+    queue.Add(Any(static_cast<std::uint64_t>(i) + 1, 1000, 1, UuidRange(4)));
+  const Plan plan = queue.Run({Held(0), Free(1), Held(2), Free(3)});
+  EXPECT_THAT(queue.loaded, ElementsAre(0u, 1u)) << "two free GPUs: two requests matter";
+  EXPECT_EQ(plan.of(0).standing, QueueStanding::kNext);
+  EXPECT_EQ(plan.of(1).standing, QueueStanding::kNext);
+  EXPECT_THAT(plan.of(0).gpus, ElementsAre(Uuid(1)));
+  EXPECT_THAT(plan.of(1).gpus, ElementsAre(Uuid(3)));
+  EXPECT_EQ(plan.of(2).standing, QueueStanding::kWaiting);
+  ExpectConsistent(plan, 1000);
+}
+
+TEST(PlanOnDemand, SamePlanAsWithEveryDetailKnown) {
+  // Backfill, reservations and named GPUs, planned both ways.
+  std::vector<PlanRequest> full = {Any(1, 1000, 3, UuidRange(4)), Named(2, 1001, Uuids({3})),
+                                   Any(3, 1002, 1, Uuids({0, 1})), Any(4, 1003, 1, UuidRange(4)),
+                                   Named(5, 1004, Uuids({2}))};
+  const std::vector<PlannedGpu> gpus = {Held(0), Free(1), Free(2), Free(3)};
+  PendingQueue queue;
+  for (const auto& r : full) queue.Add(r);
+  const Plan lazy = queue.Run(gpus);
+  const Plan eager = RunPlan(QueuePolicy::kFifo, gpus, full);
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    EXPECT_EQ(lazy.of(i).standing, eager.of(i).standing) << "request " << i;
+    EXPECT_EQ(lazy.of(i).gpus, eager.of(i).gpus) << "request " << i;
+  }
+}
+
+TEST(PlanOnDemand, AGoneRequestTakesAndReservesNothing) {
+  PendingQueue queue;
+  queue.Add(Any(1, 1000, 2, UuidRange(2)));  // would reserve GPU 1
+  queue.Add(Any(2, 1001, 1, UuidRange(2)));
+  queue.gone.insert(0);
+  const Plan plan = queue.Run({Held(0), Free(1)});
+  EXPECT_THAT(plan.of(0).gpus, IsEmpty());
+  EXPECT_EQ(plan.of(1).standing, QueueStanding::kNext);
+  EXPECT_THAT(plan.of(1).gpus, ElementsAre(Uuid(1)));
+}
+
+TEST(PlanOnDemand, NothingIsReadWhenNoGpuIsFree) {
+  PendingQueue queue;
+  for (int i = 0; i < 10; ++i)
+    queue.Add(Any(static_cast<std::uint64_t>(i) + 1, 1000, 1, UuidRange(2)));
+  const Plan plan = queue.Run({Held(0), Held(1)});
+  EXPECT_THAT(queue.loaded, IsEmpty());
+  for (std::size_t i = 0; i < 10; ++i) EXPECT_EQ(plan.of(i).standing, QueueStanding::kWaiting);
+}
+
+}  // namespace
+}  // namespace gpulock
