@@ -1,0 +1,74 @@
+// Fork guard: a fixed table of descriptors, read by a pthread_atfork child handler (which may
+// only do async-signal-safe work: no allocation, no locks).
+#include "local/fork_guard.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <mutex>
+
+namespace gpulock {
+namespace {
+
+struct Guarded {
+  std::atomic<int> fd{-1};
+  std::atomic<int> dir_fd{-1};  // -1: close in the child; else reopen `name` there
+  const char* name = nullptr;
+};
+
+// More waiting threads than this in one process keep their descriptors in a forked child.
+constexpr std::size_t kSlots = 256;
+std::array<Guarded, kSlots> guarded;
+
+void in_forked_child() {
+  for (Guarded& g : guarded) {
+    const int fd = g.fd.exchange(-1);
+    if (fd < 0) continue;
+    const int dir_fd = g.dir_fd.load();
+    if (dir_fd < 0) {
+      ::close(fd);
+      continue;
+    }
+    int fresh = ::openat(dir_fd, g.name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fresh < 0) fresh = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (fresh >= 0) {
+      ::dup3(fresh, fd, O_CLOEXEC);
+      ::close(fresh);
+    }
+    g.fd.store(fd);  // the child's pool keeps it, and its own children get the same care
+  }
+}
+
+void guard(int fd, int dir_fd, const char* name) {
+  static std::once_flag once;
+  std::call_once(once, [] { ::pthread_atfork(nullptr, nullptr, in_forked_child); });
+  for (Guarded& g : guarded) {
+    int expected = -1;
+    if (g.fd.load() != -1) continue;
+    g.dir_fd.store(dir_fd);
+    g.name = name;
+    if (g.fd.compare_exchange_strong(expected, fd)) return;
+  }
+}
+
+}  // namespace
+
+void close_in_forked_child(int fd) {
+  guard(fd, -1, nullptr);
+}
+
+void reopen_in_forked_child(int fd, int dir_fd, const char* name) {
+  guard(fd, dir_fd, name);
+}
+
+void forget_in_forked_child(int fd) {
+  for (Guarded& g : guarded) {
+    int expected = fd;
+    if (g.fd.compare_exchange_strong(expected, -1)) return;
+  }
+}
+
+}  // namespace gpulock
