@@ -16,6 +16,7 @@
 #include "backend/request_checks.h"
 #include "gpulock/error.hpp"
 #include "gpulock/parse.hpp"
+#include "local/fork_guard.h"
 #include "local/gpu_lock_file.h"
 #include "local/local_lease_keeper.h"
 #include "process/process_identity.h"
@@ -122,6 +123,11 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     seen_dispatchers = std::move(now);
   };
   std::string last_progress;
+  // The ring: the waiter this one watches, and one found ended, whose slot goes at the next plan.
+  std::optional<IndexEntry> watching;
+  std::optional<IndexEntry> watched_gone;
+  bool oldest = false;  // the oldest waiter (it also sweeps the queue at its safety re-check)
+  bool sweep_due = false;
 
   while (true) {
     const std::vector<Device> devices = source_->devices();
@@ -162,14 +168,27 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     bool backup_dispatcher = false;  // a dispatcher other than the oldest waiter
     {
       std::lock_guard<std::mutex> guard(acquire_mutex_);
-      if (!acquire_mutex_fd_) acquire_mutex_fd_ = dir_.open_acquire_mutex();
+      if (!acquire_mutex_fd_) {
+        acquire_mutex_fd_ = dir_.open_acquire_mutex();
+        reopen_in_forked_child(acquire_mutex_fd_.get(), dir_.fd(), ".acquire.lock");
+      }
       take_acquire_mutex(std::max(deadline, start + kAcquireMutexGrace));
       struct Unlocker {
         int fd;
         ~Unlocker() { unlock(fd); }
       } unlocker{acquire_mutex_fd_.get()};
 
-      const QueueDirectory::Listing listing = list_queue(/*remove_dead=*/true);
+      // The ring watcher learnt that the waiter before it ended: its slot goes now.
+      if (watched_gone) {
+        if (QueueDirectory* queue = queue_dir(false)) queue->remove_dead(*watched_gone);
+        watched_gone.reset();
+      }
+      // The oldest waiter's safety re-check also clears what dead waiters left behind.
+      if (sweep_due) {
+        sweep_queue();
+        sweep_due = false;
+      }
+      const QueueDirectory::Listing listing = list_queue_index();
       // Holder records are read only when someone's share or limit depends on them.
       const bool others_wait = listing.live.size() > (ticket ? 1u : 0u);
 
@@ -190,7 +209,15 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           break;
         }
       }
-      snapshot = plan(devices, listing, ticket ? nullptr : &wanted, others_wait || any_gpu_limit);
+      std::vector<IndexEntry> gone;
+      snapshot = plan(devices, listing, ticket ? nullptr : &wanted,
+                      ticket ? &ticket.ticket() : nullptr, others_wait || any_gpu_limit, &gone);
+      if (!gone.empty()) {
+        // Waiters that ended without leaving (killed): plan again without them.
+        if (QueueDirectory* queue = queue_dir(false))
+          for (const IndexEntry& entry : gone) queue->remove_dead(entry);
+        continue;
+      }
       while (me < snapshot.tickets.size() && snapshot.tickets[me].id != wanted.id) ++me;
       if (me == snapshot.tickets.size()) {
         // Our ticket vanished (someone root removed the queue): register again.
@@ -238,9 +265,9 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // There is room for us in the queue now: join it at the back.
         ticket.leave();
         wanted.entered_over_limit = false;
-        wanted.seq = listing.highest_seq + 1;
         QueueDirectory& queue = *queue_dir(true);
-        ticket = queue.enter(wanted);
+        ticket = queue.enter(wanted, queue.list_index());
+        wanted.seq = ticket.ticket().seq;
         if (!listing.live.empty() && listing.live.front().id != wanted.id)
           queue.wake(listing.live.front().id);
         continue;
@@ -254,19 +281,19 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
             [&](const Ticket& t) { return t.uid == wanted.uid && !t.entered_over_limit; });
         const bool over_limit =
             waits_over_limit(static_cast<std::size_t>(waiting_now), user, config_);
-        // Register, then plan again with the ticket in place to set up our watches.
-        wanted.seq = listing.highest_seq + 1;
+        // Register, and set up our watches below from this plan, which placed us as if we had
+        // registered already (held back by the waiting limit, we plan again to learn our place).
         wanted.entered_over_limit = over_limit;
         channel.take();
         QueueDirectory& queue = *queue_dir(true);
-        ticket = queue.enter(wanted);
+        // Listed again if the queue directory was only made now (the listing was empty).
+        ticket = queue.enter(wanted, listing.index.empty() ? queue.list_index() : listing);
+        wanted.seq = ticket.ticket().seq;
         // The dispatchers as they are now: our own arrival is no news to them.
         seen_dispatchers.clear();
         for (std::size_t i = 0; i < listing.live.size() && i < kDispatchers; ++i)
           seen_dispatchers.push_back(listing.live[i].id);
-        // The oldest waiter watched the newest before us; it must watch us now.
-        if (!listing.live.empty()) queue.wake(listing.live.front().id);
-        continue;
+        if (over_limit) continue;
       }
 
       if (ticket) {
@@ -281,17 +308,26 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // unless three are stopped; the others sleep until someone wakes them.
         dispatcher = k < kDispatchers;
         backup_dispatcher = dispatcher && k > 0;
+        oldest = k == 0;
         // Having just started to watch, look at the locks again: a release between our look
         // and the watch would otherwise go unnoticed.
         const bool now_following = channel->watch_releases(dir_.fd(), dispatcher);
         if (channel->watch_departures(queue.fd(), dispatcher) || now_following) continue;
-        const Ticket* watched = k > 0 ? &live[k - 1] : live.size() > 1 ? &live.back() : nullptr;
-        if (watched) {
-          // Watch first, then check it still waits, so that its leaving is never missed.
-          if (!channel->watch_ticket(queue.watch_path(watched->id)) || !queue.is_live(watched->id))
+        // The ring: each waiter watches the one before it. (The oldest is a dispatcher, which
+        // hears every departure anyway, so the ring is not closed: arrivals need not wake it.)
+        const std::size_t watched = k > 0 ? k - 1 : live.size();
+        if (watched < live.size() && watched < listing.index.size()) {
+          // Watch first, then check it still waits, so that its ending is never missed (and a
+          // reused pid is never mistaken for it).
+          if (!channel->watch_process(live[watched].process.pid) ||
+              !queue.is_live(live[watched].id)) {
+            watched_gone = listing.index[watched];
             continue;
+          }
+          watching = listing.index[watched];
         } else {
-          channel->watch_ticket("");
+          channel->watch_process(0);
+          watching.reset();
         }
       }
     }
@@ -330,8 +366,9 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       }
     }
 
-    // Only the dispatcher follows releases and GPU health; the others sleep until woken.
-    auto sleep = !dispatcher                   ? options_.safety_recheck_interval * 6
+    // Only the dispatchers follow releases and GPU health; the others sleep until woken. Their
+    // safety re-check is rare, so that a thousand idle waiters cost no CPU.
+    auto sleep = !dispatcher                   ? options_.safety_recheck_interval * 60
                  : snapshot.health_dependent() ? options_.health_recheck_interval
                                                : options_.safety_recheck_interval;
     if (quick_rechecks > 0) {
@@ -355,6 +392,12 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       // The kernel reports a close just before it drops the closed file's lock (a lease's,
       // or a dead waiter's ticket's): look again shortly after any wake-up.
       if (!woke.timed_out()) quick_rechecks = static_cast<int>(std::size(kQuickRechecks));
+      // The waiter this one watches ended (the pidfd fired and stopped watching it).
+      if (!woke.timed_out() && watching && !channel->watching_process()) {
+        watched_gone = watching;
+        watching.reset();
+      }
+      if (woke.timed_out() && oldest && Clock::now() >= wake_at) sweep_due = true;
       if (!woke.timed_out() && backup_dispatcher) {
         // The oldest waiter normally handles this at once; the others are its backups (for
         // when it is stopped) and give it, and the waiter it serves, the mutex first.

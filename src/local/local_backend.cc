@@ -2,6 +2,8 @@
 // mutex, the queue directory, wait channels, lock probes).
 #include "local/local_backend.h"
 
+#include "local/fork_guard.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -71,6 +73,10 @@ LocalBackend::LocalBackend(std::unique_ptr<DeviceSource> source, PoolOptions opt
       config_(options_.config ? *options_.config : load_config()),
       dir_(LockDirectory::open(options_.lock_dir.value_or(default_lock_directory()))) {}
 
+LocalBackend::~LocalBackend() {
+  if (acquire_mutex_fd_) forget_in_forked_child(acquire_mutex_fd_.get());
+}
+
 void LocalBackend::prepare() {
   std::vector<std::string> uuids;
   for (const auto& device : source_->devices()) uuids.push_back(device.uuid);
@@ -95,6 +101,18 @@ void LocalBackend::note_served() {
 QueueDirectory::Listing LocalBackend::list_queue(bool remove_dead) {
   QueueDirectory* queue = queue_dir(false);
   return queue ? queue->list(remove_dead) : QueueDirectory::Listing{};
+}
+
+void LocalBackend::sweep_queue() {
+  QueueDirectory* queue = queue_dir(false);
+  if (!queue) return;
+  for (const IndexEntry& entry : queue->list_index().index) queue->remove_dead(entry);
+  queue->list(/*remove_dead=*/true);
+}
+
+QueueDirectory::Listing LocalBackend::list_queue_index() {
+  QueueDirectory* queue = queue_dir(false);
+  return queue ? queue->list_index() : QueueDirectory::Listing{};
 }
 
 LockState LocalBackend::probe(const std::string& uuid, bool with_record) const {

@@ -32,6 +32,7 @@ class LocalBackend final : public LeaseBackend {
  public:
   // `options.config` must be set (open_backend() loads it).
   LocalBackend(std::unique_ptr<DeviceSource> source, PoolOptions options);
+  ~LocalBackend() override;
 
   Lease acquire(const LeaseRequest& request, const WaitHooks& hooks) override;
   PoolStatus status() override;
@@ -58,8 +59,12 @@ class LocalBackend final : public LeaseBackend {
 
   // Plans the queue: the live tickets of `listing`, plus `newcomer` (a request not registered
   // yet, placed as if it registered now) when given. `devices` is a fresh inventory.
+  // A listing from the index (list_index) has only what orders the queue: tickets' details are
+  // read as the plan reaches them, `own` (our registered ticket, if any) stands in for ours, and
+  // waiters found gone meanwhile are added to `gone`.
   QueueSnapshot plan(const std::vector<Device>& devices, const QueueDirectory::Listing& listing,
-                     const Ticket* newcomer, bool with_records);
+                     const Ticket* newcomer, const Ticket* own, bool with_records,
+                     std::vector<IndexEntry>* gone = nullptr);
   // The queue as people see it; `devices` when the caller has a fresh inventory already.
   QueueStatus queue_status(const std::vector<Device>* devices = nullptr);
   // The user name of a uid, cached: planning asks for it often.
@@ -76,6 +81,12 @@ class LocalBackend final : public LeaseBackend {
   void note_served();
   // Its live tickets; empty when there is no queue directory.
   QueueDirectory::Listing list_queue(bool remove_dead);
+  // Clears the index slots of waiters that ended without leaving, and their files where we may.
+  // REQUIRES: the acquire mutex is held.
+  void sweep_queue();
+  // The queue as its index has it (for planning); empty when there is no queue directory.
+  // REQUIRES: the acquire mutex is held.
+  QueueDirectory::Listing list_queue_index();
 
   // A WaitChannel lent to one waiting acquire() and given back to the pool afterwards.
   // Channels are kept for the pool's lifetime because closing an inotify descriptor blocks for

@@ -1,6 +1,7 @@
 // The local backend's queue: planning it from the queue directory and the lock files, and
 // describing it to people (`gpulock queue`).
 #include <map>
+#include <optional>
 
 #include "backend/queue_request.h"
 #include "local/local_backend.h"
@@ -17,7 +18,8 @@ const std::string& LocalBackend::user_of(uid_t uid) {
 
 QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
                                  const QueueDirectory::Listing& listing, const Ticket* newcomer,
-                                 bool with_records) {
+                                 const Ticket* own, bool with_records,
+                                 std::vector<IndexEntry>* gone) {
   QueueSnapshot snapshot;
   snapshot.tickets = listing.live;
   snapshot.warnings = listing.warnings;
@@ -37,27 +39,53 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
     snapshot.locks.push_back(std::move(p));
     snapshot.gpu_names.push_back(d.display_index());
   }
+  const auto device_of = [&](const std::string& u) -> const Device* {
+    const auto it = by_uuid.find(u);
+    return it == by_uuid.end() ? nullptr : it->second;
+  };
 
   std::vector<PlanRequest> requests;
-  for (auto& t : snapshot.tickets) {
+  requests.reserve(snapshot.tickets.size());
+  snapshot.unhealthy_reasons.resize(snapshot.tickets.size());
+  for (std::size_t i = 0; i < snapshot.tickets.size(); ++i) {
+    Ticket& t = snapshot.tickets[i];
+    // Tickets listed from the index carry only what orders the queue, except our own.
+    const bool from_index = i < listing.index.size();
+    if (from_index && own && t.id == own->id) t = *own;
     t.user = user_of(t.uid);  // the name this machine gives the ticket's owner
     PlanRequest r = plan_request_for(t, config_);
+    r.details_pending = from_index && !(own && t.id == own->id);
     // A request that has not registered does not wait yet: the waiting limit is not its
     // concern until it must (acquire() decides then).
-    if (newcomer && &t == &snapshot.tickets.back()) r.limits.max_waiting.reset();
+    if (newcomer && i + 1 == snapshot.tickets.size()) r.limits.max_waiting.reset();
     if (const auto it = listing.last_served.find(t.uid); it != listing.last_served.end())
       r.user_last_served = it->second;
-    const auto& reasons =
-        snapshot.unhealthy_reasons.emplace_back(unhealthy_candidates(t, [&](const std::string& u) {
-          const auto it = by_uuid.find(u);
-          return it == by_uuid.end() ? nullptr : it->second;
-        }));
-    for (const auto& [uuid, reason] : reasons) r.unhealthy.push_back(uuid);
+    if (!r.details_pending) {
+      snapshot.unhealthy_reasons[i] = unhealthy_candidates(t, device_of);
+      for (const auto& [uuid, reason] : snapshot.unhealthy_reasons[i]) r.unhealthy.push_back(uuid);
+    }
     requests.push_back(std::move(r));
   }
+  // A ticket's details, read when the plan reaches it; a waiter found gone is reported.
+  const auto load = [&](std::size_t i, PlanRequest& r) {
+    QueueDirectory* queue = queue_dir(false);
+    std::optional<Ticket> full = queue ? queue->read_ticket(listing.index[i]) : std::nullopt;
+    if (!full) {
+      if (gone) gone->push_back(listing.index[i]);
+      return false;
+    }
+    Ticket& t = snapshot.tickets[i];
+    const std::string user = t.user;
+    t = std::move(*full);
+    t.user = user;
+    r.candidates = t.candidates;
+    snapshot.unhealthy_reasons[i] = unhealthy_candidates(t, device_of);
+    for (const auto& [uuid, reason] : snapshot.unhealthy_reasons[i]) r.unhealthy.push_back(uuid);
+    return true;
+  };
   snapshot.plan = plan_queue(
       config_.policy, snapshot.gpus, requests,
-      [this](const std::string& a, const std::string& b) { return source_->distance(a, b); });
+      [this](const std::string& a, const std::string& b) { return source_->distance(a, b); }, load);
   return snapshot;
 }
 
@@ -70,7 +98,7 @@ QueueStatus LocalBackend::queue_status(const std::vector<Device>* devices) {
   // Nobody waits (the usual case): nothing to plan, so no device query or lock probes.
   if (listing.live.empty()) return status;
   const QueueSnapshot snapshot =
-      plan(devices ? *devices : source_->devices(), listing, nullptr, true);
+      plan(devices ? *devices : source_->devices(), listing, nullptr, nullptr, true);
   for (std::size_t position = 0; position < snapshot.plan.order.size(); ++position) {
     status.entries.push_back(snapshot.entry_at(position, config_));
   }

@@ -49,6 +49,10 @@ class LockDirectory {
   // The file whose lock serialises acquisitions machine-wide (".acquire.lock").
   UniqueFd open_acquire_mutex() const;
 
+  // Another file shared read-write by every user (mode 0666), created complete when missing,
+  // with the same checks as a lock file.
+  UniqueFd open_shared_file(const std::string& name) const { return open_file(name, true); }
+
   std::filesystem::path lock_file_path(const std::string& uuid) const;
 
   // True for names of GPU lock files ("gpu-<uuid>.lock").

@@ -9,11 +9,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <set>
 
 #include <fmt/format.h>
 
 #include "gpulock/error.hpp"
+#include "local/fork_guard.h"
 #include "local/gpu_lock_file.h"
 #include "util/random_id.h"
 
@@ -69,6 +71,9 @@ OwnTicket& OwnTicket::operator=(OwnTicket&& other) noexcept {
   if (this != &other) {
     leave();
     dir_fd_ = other.dir_fd_;
+    owner_pid_ = other.owner_pid_;
+    index_ = other.index_;
+    slot_ = other.slot_;
     ticket_ = std::move(other.ticket_);
     ticket_fd_ = std::move(other.ticket_fd_);
     wake_fd_ = std::move(other.wake_fd_);
@@ -84,6 +89,16 @@ void OwnTicket::drain_wakeups() const {
 
 void OwnTicket::leave() {
   if (!ticket_fd_) return;
+  if (::getpid() != owner_pid_) {
+    // A forked child's copy: the files are the parent's, and the descriptors were closed at the
+    // fork (their numbers may be someone else's by now).
+    ticket_fd_.release();
+    wake_fd_.release();
+    return;
+  }
+  forget_in_forked_child(ticket_fd_.get());
+  forget_in_forked_child(wake_fd_.get());
+  if (index_) index_->remove(slot_, ticket_.seq);
   // Unlink first, then close: whoever watches the ticket is told by the close, and by then the
   // ticket is gone from the listing.
   ::unlinkat(dir_fd_, ticket_name(ticket_.id).c_str(), 0);
@@ -112,12 +127,15 @@ std::unique_ptr<QueueDirectory> QueueDirectory::open(const LockDirectory& locks,
                               path.string(), std::strerror(errno)));
     }
   }
-  auto queue = std::unique_ptr<QueueDirectory>(new QueueDirectory(LockDirectory::open(path)));
-  if (created && ::fchmod(queue->fd(), 01777) != 0)
-    throw Error(
-        ErrorCode::kEnvironment,
-        errno_message("cannot set mode 1777 on the queue directory " + path.string(), errno));
-  return queue;
+  if (created) {
+    // Mode 1777 before anyone (LockDirectory::open included) looks at it.
+    UniqueFd made(::openat(locks.fd(), "queue", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!made || ::fchmod(made.get(), 01777) != 0)
+      throw Error(
+          ErrorCode::kEnvironment,
+          errno_message("cannot set mode 1777 on the queue directory " + path.string(), errno));
+  }
+  return std::unique_ptr<QueueDirectory>(new QueueDirectory(LockDirectory::open(path)));
 }
 
 QueueDirectory::~QueueDirectory() {
@@ -186,16 +204,7 @@ QueueDirectory::Listing QueueDirectory::list(bool remove_dead) const {
         ::unlinkat(fd(), name.c_str(), 0);
     }
   }
-  for (const Ticket& t : listing.live) {
-    if (listing.last_served.count(t.uid)) continue;
-    // Only the user's own file counts: anyone could plant one under another user's name.
-    struct stat st {};
-    const std::string name = "served-" + std::to_string(t.uid);
-    const bool valid = ::fstatat(fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                       S_ISREG(st.st_mode) && st.st_uid == t.uid;
-    listing.last_served[t.uid] =
-        valid ? static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec : 0;
-  }
+  read_last_served(listing);
   std::sort(listing.live.begin(), listing.live.end(),
             [](const Ticket& a, const Ticket& b) { return a.seq < b.seq; });
   return listing;
@@ -230,7 +239,7 @@ bool QueueDirectory::is_live(const std::string& ticket_id) const {
          is_locked_elsewhere(file.get());
 }
 
-OwnTicket QueueDirectory::enter(const Ticket& ticket) const {
+OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
   bool made_wake = false;
   bool made_ticket = false;
   const auto fail = [&](const std::string& what, int e) {
@@ -243,7 +252,7 @@ OwnTicket QueueDirectory::enter(const Ticket& ticket) const {
   };
   OwnTicket own;
   own.dir_fd_ = fd();
-  own.ticket_ = ticket;
+  own.owner_pid_ = ::getpid();
 
   // The wake FIFO first: once the ticket is visible, others may wake us.
   const std::string wake = wake_name(ticket.id);
@@ -265,12 +274,41 @@ OwnTicket QueueDirectory::enter(const Ticket& ticket) const {
   if (::fchmod(own.ticket_fd_.get(), kTicketMode) != 0)
     fail("cannot set the mode of " + name, errno);
   if (!try_lock_exclusive(own.ticket_fd_.get())) fail("cannot lock " + name, EAGAIN);
+  close_in_forked_child(own.wake_fd_.get());
+  close_in_forked_child(own.ticket_fd_.get());
+  // The slot first, for the seq; the ticket is locked already, so it counts as live from now.
+  IndexEntry entry;
+  entry.id = ticket.id;
+  entry.uid = ticket.uid;
+  entry.pid = ticket.process.pid;
+  entry.pid_start = ticket.process.start_ticks;
+  entry.priority = ticket.priority;
+  entry.needed = ticket.needed;
+  entry.named_gpus = ticket.named_gpus;
+  entry.entered_over_limit = ticket.entered_over_limit;
+  try {
+    entry = index().add(entry, listing.contents);
+  } catch (const Error&) {
+    forget_in_forked_child(own.wake_fd_.get());
+    forget_in_forked_child(own.ticket_fd_.get());
+    fail("cannot write the queue's index", ENOSPC);
+  }
+  ticket.seq = entry.seq;
+  own.index_ = &index();
+  own.slot_ = entry.slot;
+  own.ticket_ = ticket;
   const std::string bytes = serialize_ticket(ticket);
   std::size_t written = 0;
   while (written < bytes.size()) {
     const ssize_t n = ::write(own.ticket_fd_.get(), bytes.data() + written, bytes.size() - written);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail("cannot write " + name, n < 0 ? errno : ENOSPC);
+    if (n <= 0) {
+      const int e = n < 0 ? errno : ENOSPC;
+      index().remove(entry.slot, entry.seq);
+      forget_in_forked_child(own.wake_fd_.get());
+      forget_in_forked_child(own.ticket_fd_.get());
+      fail("cannot write " + name, e);
+    }
     written += static_cast<std::size_t>(n);
   }
   return own;
@@ -285,6 +323,86 @@ void QueueDirectory::wake(const std::string& ticket_id) const {
   if (::fstat(fifo.get(), &st) != 0 || !S_ISFIFO(st.st_mode)) return;
   const char byte = 1;
   [[maybe_unused]] const ssize_t ignored = ::write(fifo.get(), &byte, 1);  // full: already woken
+}
+
+QueueIndex& QueueDirectory::index() const {
+  std::lock_guard<std::mutex> lock(index_mutex_);
+  if (!index_) index_ = std::make_unique<QueueIndex>(dir_);
+  return *index_;
+}
+
+QueueDirectory::Listing QueueDirectory::list_index() const {
+  Listing listing;
+  listing.contents = index().read();
+  listing.highest_seq = listing.contents.next_seq - 1;
+  listing.index = listing.contents.entries;
+  listing.live.reserve(listing.index.size());
+  for (const IndexEntry& e : listing.index) {
+    Ticket t;
+    t.id = e.id;
+    t.seq = e.seq;
+    t.uid = e.uid;
+    t.process.pid = e.pid;
+    t.process.start_ticks = e.pid_start;
+    t.priority = e.priority;
+    t.needed = e.needed;
+    t.named_gpus = e.named_gpus;
+    t.entered_over_limit = e.entered_over_limit;
+    listing.live.push_back(std::move(t));
+  }
+  read_last_served(listing);
+  return listing;
+}
+
+std::optional<Ticket> QueueDirectory::read_ticket(const IndexEntry& entry) const {
+  std::lock_guard<std::mutex> lock(open_tickets_mutex_);
+  auto it = open_tickets_.find(entry.id);
+  if (it == open_tickets_.end() || it->second.ticket.seq != entry.seq) {
+    UniqueFd file(::openat(fd(), ticket_name(entry.id).c_str(),
+                           O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+    struct stat st {};
+    if (!file || ::fstat(file.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != entry.uid)
+      return std::nullopt;
+    std::optional<Ticket> ticket = parse_ticket(read_bounded(file.get(), st.st_size));
+    if (!ticket || ticket->id != entry.id || ticket->seq != entry.seq || ticket->uid != entry.uid ||
+        ticket->needed != entry.needed || ticket->priority != entry.priority ||
+        ticket->named_gpus != entry.named_gpus ||
+        ticket->entered_over_limit != entry.entered_over_limit)
+      return std::nullopt;
+    // Bounded: the tickets a plan reads are those near the head of the queue.
+    if (open_tickets_.size() >= 256) open_tickets_.clear();
+    it = open_tickets_.insert_or_assign(entry.id, OpenTicket{std::move(file), *ticket}).first;
+  }
+  if (!is_locked_elsewhere(it->second.fd.get())) {
+    open_tickets_.erase(it);
+    return std::nullopt;
+  }
+  return it->second.ticket;
+}
+
+void QueueDirectory::remove_dead(const IndexEntry& entry) const {
+  if (is_live(entry.id)) return;
+  index().remove(entry.slot, entry.seq);
+  struct stat st {};
+  const uid_t me = ::geteuid();
+  if (::fstatat(fd(), ticket_name(entry.id).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+      (st.st_uid == me || me == 0)) {
+    ::unlinkat(fd(), ticket_name(entry.id).c_str(), 0);
+    ::unlinkat(fd(), wake_name(entry.id).c_str(), 0);
+  }
+}
+
+void QueueDirectory::read_last_served(Listing& listing) const {
+  for (const Ticket& t : listing.live) {
+    if (listing.last_served.count(t.uid)) continue;
+    // Only the user's own file counts: anyone could plant one under another user's name.
+    struct stat st {};
+    const std::string name = "served-" + std::to_string(t.uid);
+    const bool valid = ::fstatat(fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                       S_ISREG(st.st_mode) && st.st_uid == t.uid;
+    listing.last_served[t.uid] =
+        valid ? static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec : 0;
+  }
 }
 
 std::string QueueDirectory::watch_path(const std::string& ticket_id) const {

@@ -1,8 +1,9 @@
 // QueueDirectory: the machine's queue of waiting requests, one ticket file per waiter.
 //
 // <lock dir>/queue holds, for each waiting request, "<id>.ticket" (its request as JSON, locked
-// with an OFD lock by the waiting process for as long as it waits) and "<id>.wake" (a FIFO the
-// waiter reads, so that any process can wake exactly that waiter by writing a byte). A ticket
+// with an OFD lock by the waiting process for as long as it waits), "<id>.wake" (a FIFO the
+// waiter reads, so that any process can wake exactly that waiter by writing a byte), and a slot
+// in the shared index (queue_index.h), which planners read instead of every ticket. A ticket
 // whose lock is not held belongs to a waiter that died, SIGKILL included: it no longer counts,
 // and its files are removed by the next of its user's processes (or root) that plans the queue.
 // The directory is sticky and world-writable like the lock directory; every open is relative to
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "local/lock_directory.h"
+#include "local/queue_index.h"
 #include "queue/ticket.h"
 #include "util/fd.h"
 
@@ -41,12 +43,17 @@ class OwnTicket {
   // Readable when someone woke this waiter; drain_wakeups() empties it.
   int wake_fd() const { return wake_fd_.get(); }
   void drain_wakeups() const;
-  // Removes the files and closes them (which tells whoever watches this ticket).
+  // Clears its index slot, removes the files and closes them (which tells whoever watches
+  // this ticket). In a child forked without exec it only forgets them: the ticket is the
+  // parent's, and fork closed the child's copies (so that the child does not keep it alive).
   void leave();
 
  private:
   friend class QueueDirectory;
   int dir_fd_ = -1;
+  pid_t owner_pid_ = 0;
+  const QueueIndex* index_ = nullptr;
+  std::uint32_t slot_ = 0;
   Ticket ticket_;
   UniqueFd ticket_fd_;
   UniqueFd wake_fd_;
@@ -66,7 +73,11 @@ class QueueDirectory {
   int fd() const { return dir_.fd(); }
 
   struct Listing {
-    std::vector<Ticket> live;       // tickets of waiting processes, by seq
+    // Tickets of waiting processes, by seq. From list_index(), only the fields the index keeps
+    // (plus the id); their details come from read_ticket() when the plan reaches them.
+    std::vector<Ticket> live;
+    std::vector<IndexEntry> index;  // from list_index(): parallel to `live`
+    QueueIndex::Contents contents;  // from list_index(): the index as read
     std::uint64_t highest_seq = 0;  // among every readable ticket, live or not
     // When each user with a live ticket was last given GPUs (mark_served), in ns since the
     // epoch; 0 if never. Fair share breaks ties by it, so users take turns.
@@ -77,10 +88,25 @@ class QueueDirectory {
   // (its own user's; everyone's as root). REQUIRES for remove_dead: the acquire mutex is held.
   Listing list(bool remove_dead) const;
 
-  // Registers a waiter. REQUIRES: the acquire mutex is held (so nobody sees a ticket before it
-  // is locked and written) and ticket.seq is above every seq listed. Throws Error(kEnvironment)
-  // when the files cannot be created or written (e.g. a full disk).
-  OwnTicket enter(const Ticket& ticket) const;
+  // The queue as its index has it, without opening any ticket: what planning needs.
+  // REQUIRES: the acquire mutex is held.
+  Listing list_index() const;
+
+  // Registers a waiter; its seq is the next one of `listing` (from list_index()). REQUIRES: the
+  // acquire mutex is held (so nobody sees a ticket before it is locked and written). Throws
+  // Error(kEnvironment) when the files cannot be created or written (e.g. a full disk).
+  OwnTicket enter(Ticket ticket, const Listing& listing) const;
+  // The same, reading the index first.
+  OwnTicket enter(const Ticket& ticket) const { return enter(ticket, list_index()); }
+
+  // The ticket of an index entry, if it is valid (its file is a regular file owned by the
+  // entry's uid, and says what the entry says) and live (its waiter holds it). Read once and
+  // cached; the liveness is checked at every call (one fcntl).
+  std::optional<Ticket> read_ticket(const IndexEntry& entry) const;
+
+  // Clears the slot of an entry whose ticket is not live, and removes its files where this
+  // process may (its own user's; everyone's as root). REQUIRES: the acquire mutex is held.
+  void remove_dead(const IndexEntry& entry) const;
 
   // Records that this process's user was given GPUs now ("served-<uid>", whose mtime says when).
   void mark_served() const;
@@ -99,10 +125,22 @@ class QueueDirectory {
 
  private:
   explicit QueueDirectory(LockDirectory dir) : dir_(std::move(dir)) {}
+  // The index, opened (and created) on first use: views that only list never create it.
+  QueueIndex& index() const;
   // A ticket read before; tickets never change once written, so only new files are parsed.
   std::optional<Ticket> cached_ticket(const std::string& id, int fd, const struct stat& st) const;
+  // When each of these users was last given GPUs (served-<uid>), in ns; 0 if never.
+  void read_last_served(Listing& listing) const;
 
   LockDirectory dir_;
+  mutable std::mutex index_mutex_;
+  mutable std::unique_ptr<QueueIndex> index_;
+  struct OpenTicket {
+    UniqueFd fd;
+    Ticket ticket;
+  };
+  mutable std::mutex open_tickets_mutex_;
+  mutable std::map<std::string, OpenTicket> open_tickets_;
   struct CachedTicket {
     ino_t inode = 0;
     std::optional<Ticket> ticket;

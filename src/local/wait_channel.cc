@@ -1,14 +1,16 @@
-// WaitChannel: inotify watches on the lock directory and one ticket, plus the wake FIFO.
+// WaitChannel: inotify watches on the lock and queue directories (dispatchers only), a pidfd
+// on the waiter before this one, and the wake FIFO.
 #include "local/wait_channel.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/inotify.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <string_view>
-#include <thread>
 
 #include "gpulock/error.hpp"
 #include "local/lock_directory.h"
@@ -24,19 +26,38 @@ void drain_fd(int fd) {
   }
 }
 
-}  // namespace
-
-WaitChannel::WaitChannel() : inotify_fd_(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) {
-  // Without inotify (fs.inotify.max_user_instances reached, e.g. by hundreds of waiting jobs of
-  // one user) waiting still works, by polling.
+// A descriptor that becomes readable when the process ends (Linux 5.3); invalid if the process
+// is gone or pidfds are not supported (the ring then relies on the dispatchers).
+UniqueFd open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (fd) ::fcntl(fd.get(), F_SETFD, FD_CLOEXEC);
+  return fd;
+#else
+  (void)pid;
+  errno = ENOSYS;
+  return UniqueFd();
+#endif
 }
 
+}  // namespace
+
+WaitChannel::WaitChannel() = default;
+
 bool WaitChannel::watch_directory(int dir_fd, bool on, int& wd) {
-  if (!inotify_fd_ || on == (wd >= 0)) return false;
+  if (polling_ || on == (wd >= 0)) return false;
   if (!on) {
-    ::inotify_rm_watch(inotify_fd_.get(), wd);
+    if (inotify_fd_) ::inotify_rm_watch(inotify_fd_.get(), wd);
     wd = -1;
     return false;
+  }
+  if (!inotify_fd_) {
+    inotify_fd_.reset(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+    if (!inotify_fd_) {
+      // fs.inotify.max_user_instances reached: this dispatcher polls instead.
+      fall_back_to_polling();
+      return true;
+    }
   }
   // Watch the directory we hold open, not a path that could be swapped under us.
   const std::string path = "/proc/self/fd/" + std::to_string(dir_fd);
@@ -54,28 +75,21 @@ bool WaitChannel::watch_departures(int queue_dir_fd, bool on) {
 }
 
 void WaitChannel::fall_back_to_polling() {
-  // Out of watches (fs.inotify.max_user_watches): every wait() then reports "maybe" after at
-  // most 100 ms, whatever was being watched.
+  // Out of inotify instances or watches: every wait() then reports "maybe" after at most
+  // 100 ms, whatever was being watched.
   inotify_fd_.reset();
-  releases_wd_ = departures_wd_ = ticket_wd_ = -1;
-  ticket_path_.clear();
+  polling_ = true;
+  releases_wd_ = departures_wd_ = -1;
 }
 
-bool WaitChannel::watch_ticket(const std::string& path) {
-  if (!inotify_fd_) return true;
-  if (path == ticket_path_ && (ticket_wd_ >= 0 || path.empty())) return true;
-  if (ticket_wd_ >= 0) ::inotify_rm_watch(inotify_fd_.get(), ticket_wd_);
-  ticket_wd_ = -1;
-  ticket_path_.clear();
-  if (path.empty()) return true;
-  ticket_wd_ = ::inotify_add_watch(inotify_fd_.get(), path.c_str(),
-                                   IN_CLOSE_WRITE | IN_DELETE_SELF | IN_DONT_FOLLOW);
-  if (ticket_wd_ < 0) {
-    if (errno == ENOENT) return false;
-    fall_back_to_polling();
-    return true;
-  }
-  ticket_path_ = path;
+bool WaitChannel::watch_process(pid_t pid) {
+  if (pid == watched_pid_ && (pid == 0 || process_fd_)) return true;
+  process_fd_.reset();
+  watched_pid_ = 0;
+  if (pid <= 0) return true;
+  process_fd_ = open_pidfd(pid);
+  if (!process_fd_) return errno != ESRCH;  // gone already; without pidfds, watch nothing
+  watched_pid_ = pid;
   return true;
 }
 
@@ -96,12 +110,6 @@ WaitChannel::Wakeup WaitChannel::drain() {
       } else if (event->wd == departures_wd_ && departures_wd_ >= 0) {
         const std::string_view name = event->len > 0 ? event->name : "";
         if (name.ends_with(".ticket")) woke.queue_change = true;
-      } else if (event->wd == ticket_wd_ && ticket_wd_ >= 0) {
-        woke.queue_change = true;
-        if ((event->mask & IN_IGNORED) != 0) {  // the kernel dropped the watch: the file is gone
-          ticket_wd_ = -1;
-          ticket_path_.clear();
-        }
       }
     }
   }
@@ -109,38 +117,51 @@ WaitChannel::Wakeup WaitChannel::drain() {
 }
 
 WaitChannel::Wakeup WaitChannel::wait(int wake_fd, std::chrono::milliseconds timeout) {
-  if (!inotify_fd_) {
-    pollfd p{wake_fd, POLLIN, 0};
-    const auto pause = std::min(timeout, kPollInterval);
-    ::poll(&p, wake_fd >= 0 ? 1 : 0, static_cast<int>(pause.count()));
-    drain_fd(wake_fd);
-    Wakeup maybe;  // polling: anything may have happened
-    maybe.release = maybe.queue_change = timeout >= kPollInterval;
-    return maybe;
-  }
   Wakeup woke = drain();
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (woke.timed_out()) {
+  const bool polling = polling_;
+  const auto deadline =
+      std::chrono::steady_clock::now() + (polling ? std::min(timeout, kPollInterval) : timeout);
+  // Once at least, without sleeping when something is known already, so that every source
+  // ready now is reported together.
+  for (bool first = true; first || woke.timed_out(); first = false) {
     // Rounded up: rounding down would make the last millisecond a busy loop.
-    const auto left =
+    auto left =
         std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) break;
-    pollfd p[2] = {{inotify_fd_.get(), POLLIN, 0}, {wake_fd, POLLIN, 0}};
-    const int ready = ::poll(p, wake_fd >= 0 ? 2 : 1,
-                             static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
+    if (!woke.timed_out()) left = std::chrono::milliseconds(0);
+    if (left.count() < 0 || (left.count() == 0 && !first)) break;
+    pollfd p[3];
+    nfds_t count = 0;
+    const auto add = [&](int fd) {
+      p[count] = pollfd{fd, POLLIN, 0};
+      return fd >= 0 ? count++ : nfds_t(3);
+    };
+    const nfds_t inotify_at = add(inotify_fd_.get());
+    const nfds_t wake_at = add(wake_fd);
+    const nfds_t process_at = add(process_fd_.get());
+    const int ready =
+        ::poll(p, count, static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
     if (ready < 0 && errno != EINTR)
       throw Error(ErrorCode::kInternal, errno_message("poll while waiting for GPUs", errno));
     // A signal handler ran (e.g. Python's for Ctrl-C): return early, so that the caller's
     // interrupt check runs now rather than at its next poll.
     if (ready < 0) break;
-    if (ready > 0 && (p[1].revents & POLLIN) != 0) woke.queue_change = true;
-    if (ready > 0 && (p[0].revents & POLLIN) != 0) {
+    if (ready == 0) continue;  // (ends the loop if something is known already)
+    if (wake_at < 3 && (p[wake_at].revents & POLLIN) != 0) woke.queue_change = true;
+    if (process_at < 3 && p[process_at].revents != 0) {
+      // The watched waiter ended: its descriptor stays readable, so stop watching it.
+      woke.queue_change = true;
+      process_fd_.reset();
+      watched_pid_ = 0;
+    }
+    if (inotify_at < 3 && (p[inotify_at].revents & POLLIN) != 0) {
       const Wakeup events = drain();
       woke.release |= events.release;
       woke.queue_change |= events.queue_change;
     }
   }
   drain_fd(wake_fd);
+  if (polling && woke.timed_out() && timeout >= kPollInterval)
+    woke.release = woke.queue_change = true;  // polling: anything may have happened
   return woke;
 }
 
@@ -148,13 +169,12 @@ void WaitChannel::reset() {
   if (inotify_fd_) {
     if (releases_wd_ >= 0) ::inotify_rm_watch(inotify_fd_.get(), releases_wd_);
     if (departures_wd_ >= 0) ::inotify_rm_watch(inotify_fd_.get(), departures_wd_);
-    if (ticket_wd_ >= 0) ::inotify_rm_watch(inotify_fd_.get(), ticket_wd_);
     drain();
-  } else {
-    inotify_fd_.reset(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));  // try inotify again
   }
-  releases_wd_ = departures_wd_ = ticket_wd_ = -1;
-  ticket_path_.clear();
+  polling_ = false;  // the next waiter tries inotify again, if it becomes a dispatcher
+  releases_wd_ = departures_wd_ = -1;
+  process_fd_.reset();
+  watched_pid_ = 0;
 }
 
 }  // namespace gpulock

@@ -1,23 +1,25 @@
 // WaitChannel: what a waiting request sleeps on, so that only the waiter whose turn it is wakes.
 //
-// A waiter sleeps on three sources, set as its role in the queue requires:
+// A waiter sleeps on up to three sources, set as its role in the queue requires:
 //   - its own wake FIFO (OwnTicket::wake_fd): another process planned the queue and found this
 //     waiter served, or wants it to look again;
-//   - the ticket of one other waiter (inotify IN_CLOSE_WRITE): the waiters form a ring in
-//     arrival order, each watching the one that arrived before it (the oldest watches the
-//     newest), so when any waiter leaves the queue, dies included, exactly one other wakes,
-//     re-plans and wakes whoever that makes served;
+//   - the process of one other waiter (a pidfd): the waiters form a ring in arrival order, each
+//     watching the one that arrived before it (the oldest watches the newest), so when a waiter
+//     dies, however it dies, one other wakes, re-plans and wakes whoever that makes served;
 //   - for the three oldest waiters only (the dispatchers; three, so that waiters stopped with
-//     Ctrl-Z cannot hold up everyone unless three are), the lock directory (IN_CLOSE_WRITE on lock
-//     files): a lease ended, so they re-plan and wake whoever is served; and the queue directory
-//     (the close of any ticket), so that a departure is acted on even if its ring watcher is
-//     stopped.
-// Everyone else stays asleep. Without inotify (per-user limits reached) it polls every 100 ms.
-// Closing an inotify descriptor blocks for a kernel grace period: GpuPool keeps channels for
-// reuse, and reset() makes one fresh for the next waiter.
+//     Ctrl-Z cannot hold up everyone unless three are), inotify on the lock directory
+//     (IN_CLOSE_WRITE on lock files): a lease ended, so they re-plan and wake whoever is served;
+//     and on the queue directory (the close of any ticket), so that a departure is acted on even
+//     if its ring watcher is stopped.
+// Only dispatchers hold an inotify instance (fs.inotify.max_user_instances is 128 per user by
+// default: a sweep of a thousand waiting jobs must not need one each). A dispatcher that cannot
+// get one polls every 100 ms. Closing an inotify descriptor blocks for a kernel grace period:
+// GpuPool keeps channels for reuse, and reset() makes one fresh for the next waiter.
 #pragma once
 
+#include <sys/types.h>
 #include <chrono>
+
 #include <string>
 
 #include "util/fd.h"
@@ -39,13 +41,15 @@ class WaitChannel {
   // true if it started watching just now (the caller must then look at the queue again).
   bool watch_departures(int queue_dir_fd, bool on);
 
-  // Watches the ticket file at `path` (QueueDirectory::watch_path) instead of any other;
-  // "" watches none. Returns false if it could not (the ticket is gone already).
-  bool watch_ticket(const std::string& path);
+  // Watches the process `pid` (another waiter) instead of any other, until it ends; 0 watches
+  // none. Returns false if that process is gone already. The caller checks afterwards that the
+  // waiter's ticket is still live (so a reused pid is not mistaken for the waiter).
+  bool watch_process(pid_t pid);
+  bool watching_process() const { return watched_pid_ != 0; }
 
   struct Wakeup {
     bool release = false;       // a lease ended (or events were lost)
-    bool queue_change = false;  // the watched ticket left, or someone woke us
+    bool queue_change = false;  // the watched waiter ended, or someone woke us
     bool timed_out() const { return !release && !queue_change; }
   };
   // Sleeps until one of the sources fires or the timeout passes, or a signal handler runs
@@ -60,11 +64,12 @@ class WaitChannel {
   bool watch_directory(int dir_fd, bool on, int& wd);
   void fall_back_to_polling();
   Wakeup drain();
-  UniqueFd inotify_fd_;
+  UniqueFd inotify_fd_;   // made when first needed (by a dispatcher)
+  bool polling_ = false;  // a dispatcher without inotify
   int releases_wd_ = -1;
   int departures_wd_ = -1;
-  int ticket_wd_ = -1;
-  std::string ticket_path_;
+  UniqueFd process_fd_;  // pidfd of the watched waiter
+  pid_t watched_pid_ = 0;
 };
 
 }  // namespace gpulock

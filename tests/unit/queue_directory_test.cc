@@ -258,7 +258,7 @@ TEST_F(QueueDirectoryTest, EnterCreatesLockedTicketAndWakeFifoWithExactModes) {
   const std::optional<Ticket> back = parse_ticket(ReadFile(TicketPath(t.id)));
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->id, t.id);
-  EXPECT_EQ(back->seq, t.seq);
+  EXPECT_EQ(back->seq, own.ticket().seq) << "the seq the index gave it";
   UniqueFd other(::open(TicketPath(t.id).c_str(), O_RDONLY | O_CLOEXEC));
   ASSERT_TRUE(other);
   EXPECT_TRUE(is_locked_elsewhere(other.get()));
@@ -287,7 +287,7 @@ TEST_F(QueueDirectoryTest, ListShowsLiveTicketWithItsFields) {
   ASSERT_EQ(listing.live.size(), 1u);
   const Ticket& got = listing.live[0];
   EXPECT_EQ(got.id, t.id);
-  EXPECT_EQ(got.seq, t.seq);
+  EXPECT_EQ(got.seq, own.ticket().seq);
   EXPECT_EQ(got.uid, t.uid);
   EXPECT_EQ(got.user, t.user);
   EXPECT_EQ(got.process, t.process);
@@ -298,19 +298,27 @@ TEST_F(QueueDirectoryTest, ListShowsLiveTicketWithItsFields) {
   EXPECT_EQ(got.max_utilization_percent, t.max_utilization_percent);
   EXPECT_EQ(got.label, t.label);
   EXPECT_EQ(got.command, t.command);
-  EXPECT_EQ(listing.highest_seq, 9u);
+  EXPECT_EQ(listing.highest_seq, own.ticket().seq);
   EXPECT_TRUE(listing.warnings.empty());
   EXPECT_TRUE(queue_->is_live(t.id));
 }
 
-TEST_F(QueueDirectoryTest, ListSortsLiveTicketsBySeq) {
+TEST_F(QueueDirectoryTest, ListSortsLiveTicketsBySeqInOrderOfArrival) {
+  // The seq a ticket asks for does not matter: the index gives the next one.
   std::vector<OwnTicket> owners;
   for (std::uint64_t seq : {7, 3, 12, 5, 1}) owners.push_back(queue_->enter(MakeTicket(seq)));
   const auto listing = queue_->list(false);
   std::vector<std::uint64_t> seqs;
-  for (const Ticket& t : listing.live) seqs.push_back(t.seq);
-  EXPECT_EQ(seqs, (std::vector<std::uint64_t>{1, 3, 5, 7, 12}));
-  EXPECT_EQ(listing.highest_seq, 12u);
+  std::vector<std::string> ids;
+  for (const Ticket& t : listing.live) {
+    seqs.push_back(t.seq);
+    ids.push_back(t.id);
+  }
+  EXPECT_EQ(seqs, (std::vector<std::uint64_t>{1, 2, 3, 4, 5}));
+  std::vector<std::string> arrival;
+  for (const OwnTicket& own : owners) arrival.push_back(own.ticket().id);
+  EXPECT_EQ(ids, arrival);
+  EXPECT_EQ(listing.highest_seq, 5u);
   // Each listed ticket is the one its owner registered.
   for (const OwnTicket& own : owners) EXPECT_TRUE(Contains(listing.live, own.ticket().id));
 }
@@ -409,7 +417,7 @@ TEST_F(QueueDirectoryTest, DeadWaiterIsNotLiveAndItsFilesAreRemoved) {
   EXPECT_TRUE(queue_->is_live(alive.ticket().id));
   const auto listing = queue_->list(false);
   EXPECT_EQ(Ids(listing.live), std::vector<std::string>{alive.ticket().id});
-  EXPECT_EQ(listing.highest_seq, 50u) << "highest_seq counts dead tickets too";
+  EXPECT_EQ(listing.highest_seq, 2u) << "highest_seq counts dead tickets too";
   // Without remove_dead the files stay.
   EXPECT_TRUE(Exists(TicketPath(dead.id)));
   EXPECT_TRUE(Exists(WakePath(dead.id)));
@@ -693,6 +701,111 @@ TEST_F(QueueDirectoryTest, TicketClaimingAnotherUserThanItsOwnerIsIgnored) {
   ASSERT_TRUE(Contains(owned.live, t.id));
   EXPECT_EQ(owned.live[0].uid, kNobody);
   EXPECT_TRUE(owned.warnings.empty());
+}
+
+// --- the index (issue 12: planning without reading every ticket) -------------------------
+
+TEST_F(QueueDirectoryTest, IndexListsWaitersInArrivalOrderWithTheirOrderingFields) {
+  Ticket big = MakeTicket(0);
+  big.needed = 3;
+  big.priority = Priority::kLow;
+  OwnTicket first = queue_->enter(MakeTicket(0));
+  OwnTicket second = queue_->enter(big);
+  const auto listing = queue_->list_index();
+  ASSERT_EQ(listing.live.size(), 2u);
+  ASSERT_EQ(listing.index.size(), 2u);
+  EXPECT_EQ(Ids(listing.live), (std::vector<std::string>{first.ticket().id, second.ticket().id}));
+  EXPECT_LT(listing.live[0].seq, listing.live[1].seq);
+  EXPECT_EQ(listing.live[1].needed, 3u);
+  EXPECT_EQ(listing.live[1].priority, Priority::kLow);
+  EXPECT_EQ(listing.live[1].process.pid, ::getpid());
+  EXPECT_TRUE(listing.live[1].candidates.empty()) << "details come from read_ticket()";
+  EXPECT_EQ(listing.highest_seq, listing.live[1].seq);
+}
+
+TEST_F(QueueDirectoryTest, ReadTicketGivesTheDetailsOfALiveWaiterOnly) {
+  OwnTicket own = queue_->enter(MakeTicket(0));
+  const auto listing = queue_->list_index();
+  ASSERT_EQ(listing.index.size(), 1u);
+  const std::optional<Ticket> read = queue_->read_ticket(listing.index[0]);
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->candidates, own.ticket().candidates);
+  EXPECT_EQ(read->command, own.ticket().command);
+  const Ticket dead = EnterAndDie(0);
+  const auto after = queue_->list_index();
+  ASSERT_EQ(after.index.size(), 2u) << "a waiter that died keeps its slot until found dead";
+  EXPECT_FALSE(queue_->read_ticket(after.index[1]).has_value());
+  EXPECT_EQ(after.index[1].id, dead.id);
+}
+
+TEST_F(QueueDirectoryTest, LeavingClearsTheSlotAndRemoveDeadClearsADeadWaitersSlot) {
+  OwnTicket leaving = queue_->enter(MakeTicket(0));
+  const Ticket dead = EnterAndDie(0);
+  OwnTicket staying = queue_->enter(MakeTicket(0));
+  leaving.leave();
+  auto listing = queue_->list_index();
+  EXPECT_EQ(Ids(listing.live), (std::vector<std::string>{dead.id, staying.ticket().id}));
+  queue_->remove_dead(listing.index[0]);
+  queue_->remove_dead(listing.index[1]);  // live: stays
+  EXPECT_EQ(Ids(queue_->list_index().live), std::vector<std::string>{staying.ticket().id});
+  EXPECT_FALSE(Exists(TicketPath(dead.id))) << "our own dead waiter's files go too";
+  // Freed slots are reused, and seqs keep growing.
+  OwnTicket next = queue_->enter(MakeTicket(0));
+  EXPECT_GT(next.ticket().seq, staying.ticket().seq);
+  EXPECT_EQ(queue_->list_index().live.size(), 2u);
+}
+
+TEST_F(QueueDirectoryTest, ForgedOrDamagedIndexIsIgnoredNotFatal) {
+  OwnTicket own = queue_->enter(MakeTicket(0));
+  {
+    // Garbage after the real slots, and a header claiming an absurd next seq.
+    UniqueFd index(::open((QueuePath() / "index").c_str(), O_RDWR | O_CLOEXEC));
+    ASSERT_TRUE(index);
+    const std::string garbage(64 * 5, '\x7f');
+    ASSERT_EQ(::pwrite(index.get(), garbage.data(), garbage.size(), 64 * 4),
+              static_cast<ssize_t>(garbage.size()));
+    const std::uint64_t huge = ~std::uint64_t{0};
+    ASSERT_EQ(::pwrite(index.get(), &huge, sizeof huge, 16), 8);
+  }
+  const auto listing = queue_->list_index();
+  EXPECT_EQ(Ids(listing.live), std::vector<std::string>{own.ticket().id});
+  OwnTicket next = queue_->enter(MakeTicket(0));
+  EXPECT_EQ(next.ticket().seq, own.ticket().seq + 1) << "a forged next seq is not believed";
+  EXPECT_EQ(queue_->list_index().live.size(), 2u);
+}
+
+TEST_F(QueueDirectoryTest, ForkedChildDoesNotKeepTheTicketAlive) {
+  // Issue 12: Python multiprocessing or a C fork() while waiting, then the waiter is killed:
+  // the child must not keep the ticket's lock, or the dead waiter stays at the queue's head.
+  const Ticket t = MakeTicket(0);
+  int ready[2];
+  ASSERT_EQ(::pipe2(ready, O_CLOEXEC), 0);
+  const pid_t waiter = ::fork();
+  ASSERT_GE(waiter, 0);
+  if (waiter == 0) {
+    const auto queue = QueueDirectory::open(LockDirectory::open(locks_.path()), false);
+    OwnTicket own = queue->enter(t);
+    if (::fork() == 0) {
+      // A child that outlives its parent and never leaves the queue itself (off the test's
+      // output, which it would otherwise keep open).
+      const int null = ::open("/dev/null", O_RDWR);
+      for (int fd = 0; fd <= 2; ++fd) ::dup2(null, fd);
+      ::sleep(30);
+      ::_exit(0);
+    }
+    const char byte = 1;
+    if (::write(ready[1], &byte, 1) != 1) ::_exit(1);
+    while (true) ::pause();
+  }
+  ::close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  ::close(ready[0]);
+  ASSERT_TRUE(queue_->is_live(t.id));
+  ASSERT_EQ(::kill(waiter, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(waiter, &status, 0), waiter);
+  EXPECT_FALSE(queue_->is_live(t.id)) << "the forked child kept the dead waiter's ticket";
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// What a waiter sleeps on (src/queue/wait_channel.h): ended leases, a watched ticket, its wake
-// FIFO.
+// What a waiter sleeps on (src/local/wait_channel.h): ended leases, the waiter before it (a
+// pidfd), its wake FIFO.
 #include "local/wait_channel.h"
 
 #include <fcntl.h>
@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "local/lock_directory.h"
-#include "process/process_identity.h"
 #include "local/queue_directory.h"
+#include "process/process_identity.h"
 #include "queue/ticket.h"
 #include "temp_dir.h"
 #include "util/random_id.h"
@@ -169,141 +169,98 @@ TEST_F(WaitChannelTest, WatchReleasesTwiceWatchesOnce) {
   ExpectStaysAsleep();  // the one event was consumed
 }
 
-// --- the watched ticket -------------------------------------------------------------------
+// --- the watched waiter (the ring) -------------------------------------------------------
 
-TEST_F(WaitChannelTest, LeaveOfWatchedTicketWakesWithQueueChange) {
-  OwnTicket other = queue_->enter(MakeTicket(1));
-  ASSERT_TRUE(channel_.watch_ticket(queue_->watch_path(other.ticket().id)));
-  other.leave();
-  const WaitChannel::Wakeup woke = channel_.wait(-1, kLong);
+// A child process that sleeps until killed: a waiter as another waiter sees it.
+pid_t SpawnSleeper() {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    while (true) ::pause();
+  }
+  return child;
+}
+
+void KillAndReap(pid_t pid) {
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+}
+
+// The inotify instances this process holds (fs.inotify.max_user_instances counts them).
+int InotifyInstances() {
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const fs::path target = fs::read_symlink(entry.path(), error);
+    if (!error && target.string() == "anon_inode:inotify") ++count;
+  }
+  return count;
+}
+
+TEST_F(WaitChannelTest, EndOfWatchedProcessWakesWithQueueChange) {
+  const pid_t other = SpawnSleeper();
+  ASSERT_GT(other, 0);
+  ASSERT_TRUE(channel_.watch_process(other));
+  ExpectStaysAsleep();
+  const WaitChannel::Wakeup woke =
+      WaitAcross([&] { ::kill(other, SIGKILL); }, -1, "the watched process died");
   EXPECT_TRUE(woke.queue_change);
   EXPECT_FALSE(woke.release);
+  EXPECT_FALSE(channel_.watching_process());
+  KillAndReap(other);
+  ExpectStaysAsleep();  // a process that ended wakes once, not for ever
 }
 
-TEST_F(WaitChannelTest, LeaveOfWatchedTicketWakesASleepingWait) {
-  OwnTicket other = queue_->enter(MakeTicket(1));
-  ASSERT_TRUE(channel_.watch_ticket(queue_->watch_path(other.ticket().id)));
-  const WaitChannel::Wakeup woke = WaitAcross([&] { other.leave(); }, -1, "the ticket left");
-  EXPECT_TRUE(woke.queue_change);
+TEST_F(WaitChannelTest, WatchProcessOfEndedProcessReturnsFalse) {
+  const pid_t other = SpawnSleeper();
+  ASSERT_GT(other, 0);
+  KillAndReap(other);
+  EXPECT_FALSE(channel_.watch_process(other));
 }
 
-TEST_F(WaitChannelTest, ClosingTheOwnersWriteDescriptorWakes) {
-  const fs::path path = temp_.path() / "plain.ticket";
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  ASSERT_GE(fd, 0);
-  ASSERT_TRUE(channel_.watch_ticket(path.string()));
+TEST_F(WaitChannelTest, WatchProcessZeroStopsWatching) {
+  const pid_t other = SpawnSleeper();
+  ASSERT_TRUE(channel_.watch_process(other));
+  EXPECT_TRUE(channel_.watch_process(0));
+  KillAndReap(other);
   ExpectStaysAsleep();
-  ASSERT_EQ(::close(fd), 0);
+}
+
+TEST_F(WaitChannelTest, WatchingAnotherProcessForgetsTheFirst) {
+  const pid_t first = SpawnSleeper();
+  const pid_t second = SpawnSleeper();
+  ASSERT_TRUE(channel_.watch_process(first));
+  ASSERT_TRUE(channel_.watch_process(second));
+  KillAndReap(first);
+  ExpectStaysAsleep();
+  KillAndReap(second);
   EXPECT_TRUE(channel_.wait(-1, kLong).queue_change);
 }
 
-TEST_F(WaitChannelTest, KilledWaiterWakesItsWatcher) {
-  const Ticket t = MakeTicket(1);
-  int ready[2];
-  ASSERT_EQ(::pipe2(ready, O_CLOEXEC), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(ready[0]);
-    try {
-      const auto queue = QueueDirectory::open(LockDirectory::open(locks_.path()), false);
-      OwnTicket own = queue->enter(t);
-      const char byte = 1;
-      if (::write(ready[1], &byte, 1) != 1) ::_exit(1);
-      while (true) ::pause();  // until SIGKILLed
-    } catch (...) {
-      ::_exit(1);
-    }
-  }
-  ::close(ready[1]);
-  char byte = 0;
-  ASSERT_EQ(::read(ready[0], &byte, 1), 1) << "the child could not enter the queue";
-  ::close(ready[0]);
-  ASSERT_TRUE(channel_.watch_ticket(queue_->watch_path(t.id)));
-  ExpectStaysAsleep();
-  ASSERT_EQ(::kill(child, SIGKILL), 0);
-  const WaitChannel::Wakeup woke = channel_.wait(-1, kLong);
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  EXPECT_TRUE(woke.queue_change) << "the watcher slept through its predecessor's death";
-}
-
-TEST_F(WaitChannelTest, ReadingTheWatchedTicketDoesNotWake) {
-  // Everyone reads every ticket to plan the queue; that must not wake the watchers.
-  OwnTicket other = queue_->enter(MakeTicket(1));
-  ASSERT_TRUE(channel_.watch_ticket(queue_->watch_path(other.ticket().id)));
-  EXPECT_EQ(queue_->list(false).live.size(), 1u);
-  EXPECT_EQ(queue_->list(true).live.size(), 1u);
-  EXPECT_TRUE(queue_->is_live(other.ticket().id));
-  const auto fresh = QueueDirectory::open(LockDirectory::open(locks_.path()), false);
-  ASSERT_NE(fresh, nullptr);
-  EXPECT_EQ(fresh->list(false).live.size(), 1u);
-  CloseRead(queue_->path() / (other.ticket().id + ".ticket"));
-  ExpectStaysAsleep();
-}
-
-TEST_F(WaitChannelTest, OtherTicketsLeavingDoNotWake) {
-  OwnTicket watched = queue_->enter(MakeTicket(1));
-  OwnTicket other = queue_->enter(MakeTicket(2));
-  ASSERT_TRUE(channel_.watch_ticket(queue_->watch_path(watched.ticket().id)));
-  other.leave();
-  OwnTicket newcomer = queue_->enter(MakeTicket(3));
-  ExpectStaysAsleep();
-}
-
-TEST_F(WaitChannelTest, WatchTicketOfMissingPathReturnsFalse) {
-  EXPECT_FALSE(channel_.watch_ticket(queue_->watch_path(make_lease_id())));
-  EXPECT_FALSE(channel_.watch_ticket((temp_.path() / "no-such.ticket").string()));
-}
-
-TEST_F(WaitChannelTest, WatchTicketOfLeftWaiterReturnsFalse) {
-  OwnTicket other = queue_->enter(MakeTicket(1));
-  const std::string path = queue_->watch_path(other.ticket().id);
-  other.leave();
-  EXPECT_FALSE(channel_.watch_ticket(path));
-}
-
-// Found failing: once a watched ticket is gone (the kernel drops the watch with it), watching the
-// same path again returns true from the "already watching it" shortcut in watch_ticket(), though
-// the ticket is gone and nothing is watched; the header promises false. GpuPool's caller checks
-// is_live() after it, so the queue itself copes.
-TEST_F(WaitChannelTest, WatchTicketAgainAfterItLeftReturnsFalse) {
-  OwnTicket other = queue_->enter(MakeTicket(1));
-  const std::string path = queue_->watch_path(other.ticket().id);
-  ASSERT_TRUE(channel_.watch_ticket(path));
-  other.leave();
-  ASSERT_TRUE(channel_.wait(-1, kLong).queue_change);
-  EXPECT_FALSE(channel_.watch_ticket(path));
-}
-
-TEST_F(WaitChannelTest, WatchTicketEmptyStopsWatching) {
-  OwnTicket other = queue_->enter(MakeTicket(1));
-  ASSERT_TRUE(channel_.watch_ticket(queue_->watch_path(other.ticket().id)));
-  EXPECT_TRUE(channel_.watch_ticket(""));
-  other.leave();
-  ExpectStaysAsleep();
-}
-
-TEST_F(WaitChannelTest, WatchingAnotherTicketForgetsTheFirst) {
-  OwnTicket first = queue_->enter(MakeTicket(1));
-  OwnTicket second = queue_->enter(MakeTicket(2));
-  ASSERT_TRUE(channel_.watch_ticket(queue_->watch_path(first.ticket().id)));
-  ASSERT_TRUE(channel_.watch_ticket(queue_->watch_path(second.ticket().id)));
-  first.leave();
-  ExpectStaysAsleep();
-  second.leave();
-  EXPECT_TRUE(channel_.wait(-1, kLong).queue_change);
-}
-
-TEST_F(WaitChannelTest, ReleaseAndLeaveTogetherReportBoth) {
-  OwnTicket other = queue_->enter(MakeTicket(1));
+TEST_F(WaitChannelTest, ReleaseAndProcessEndTogetherReportBoth) {
+  const pid_t other = SpawnSleeper();
   channel_.watch_releases(locks_.fd(), true);
-  ASSERT_TRUE(channel_.watch_ticket(queue_->watch_path(other.ticket().id)));
+  ASSERT_TRUE(channel_.watch_process(other));
   CloseWritten(LockPath("gpu-X.lock"));
-  other.leave();
+  KillAndReap(other);
   const WaitChannel::Wakeup woke = channel_.wait(-1, kLong);
   EXPECT_TRUE(woke.release);
   EXPECT_TRUE(woke.queue_change);
+}
+
+// Issue 12: a thousand waiting jobs of one user must not need an inotify instance each (the
+// default limit is 128 per user); only the dispatchers, which follow releases, hold one.
+TEST_F(WaitChannelTest, AWaiterThatFollowsNoReleasesHoldsNoInotifyInstance) {
+  const int before = InotifyInstances();
+  const pid_t other = SpawnSleeper();
+  OwnTicket mine = queue_->enter(MakeTicket(1));
+  WaitChannel waiter;
+  ASSERT_TRUE(waiter.watch_process(other));
+  waiter.wait(mine.wake_fd(), milliseconds(10));
+  EXPECT_EQ(InotifyInstances(), before);
+  waiter.watch_releases(locks_.fd(), true);
+  EXPECT_EQ(InotifyInstances(), before + 1);
+  KillAndReap(other);
 }
 
 // --- timing out ---------------------------------------------------------------------------
@@ -319,9 +276,9 @@ TEST_F(WaitChannelTest, NothingHappeningTimesOut) {
 
 TEST_F(WaitChannelTest, NothingHappeningWithEverySourceSetTimesOut) {
   OwnTicket mine = queue_->enter(MakeTicket(1));
-  OwnTicket other = queue_->enter(MakeTicket(2));
+  const pid_t other = SpawnSleeper();
   channel_.watch_releases(locks_.fd(), true);
-  ASSERT_TRUE(channel_.watch_ticket(queue_->watch_path(other.ticket().id)));
+  ASSERT_TRUE(channel_.watch_process(other));
   const auto start = Clock::now();
   const WaitChannel::Wakeup woke = channel_.wait(mine.wake_fd(), milliseconds(300));
   const auto waited = Clock::now() - start;
@@ -382,47 +339,39 @@ TEST_F(WaitChannelTest, ResetForgetsAQueuedRelease) {
   ExpectStaysAsleep();
 }
 
-TEST_F(WaitChannelTest, ResetForgetsAQueuedTicketEvent) {
-  OwnTicket other = queue_->enter(MakeTicket(1));
-  ASSERT_TRUE(channel_.watch_ticket(queue_->watch_path(other.ticket().id)));
-  other.leave();
-  channel_.reset();
-  ExpectStaysAsleep();
-}
-
 TEST_F(WaitChannelTest, ResetForgetsTheWatches) {
-  OwnTicket other = queue_->enter(MakeTicket(1));
+  const pid_t other = SpawnSleeper();
   channel_.watch_releases(locks_.fd(), true);
-  ASSERT_TRUE(channel_.watch_ticket(queue_->watch_path(other.ticket().id)));
+  ASSERT_TRUE(channel_.watch_process(other));
   channel_.reset();
+  EXPECT_FALSE(channel_.watching_process());
   CloseWritten(LockPath("gpu-X.lock"));
-  other.leave();
+  KillAndReap(other);
   ExpectStaysAsleep();
 }
 
 TEST_F(WaitChannelTest, WatchesWorkAgainAfterReset) {
-  OwnTicket other = queue_->enter(MakeTicket(1));
-  const std::string path = queue_->watch_path(other.ticket().id);
+  const pid_t other = SpawnSleeper();
   channel_.watch_releases(locks_.fd(), true);
-  ASSERT_TRUE(channel_.watch_ticket(path));
+  ASSERT_TRUE(channel_.watch_process(other));
   channel_.reset();
   // The same watches as before the reset: they must really be set up again.
   EXPECT_TRUE(channel_.watch_releases(locks_.fd(), true));
-  ASSERT_TRUE(channel_.watch_ticket(path));
+  ASSERT_TRUE(channel_.watch_process(other));
   CloseWritten(LockPath("gpu-X.lock"));
   EXPECT_TRUE(channel_.wait(-1, kLong).release);
-  other.leave();
+  KillAndReap(other);
   EXPECT_TRUE(channel_.wait(-1, kLong).queue_change);
 }
 
 TEST_F(WaitChannelTest, ResetChannelServesManyWaitersInTurn) {
   // GpuPool keeps channels for reuse: each waiter's events are its own.
   for (int round = 0; round < 5; ++round) {
-    OwnTicket other = queue_->enter(MakeTicket(static_cast<std::uint64_t>(round) + 1));
-    ASSERT_TRUE(channel_.watch_ticket(queue_->watch_path(other.ticket().id)));
+    const pid_t other = SpawnSleeper();
+    ASSERT_TRUE(channel_.watch_process(other));
     channel_.watch_releases(locks_.fd(), round % 2 == 0);
     CloseWritten(LockPath("gpu-X.lock"));
-    other.leave();
+    KillAndReap(other);
     const WaitChannel::Wakeup woke = channel_.wait(-1, kLong);
     EXPECT_TRUE(woke.queue_change) << "round " << round;
     EXPECT_EQ(woke.release, round % 2 == 0) << "round " << round;

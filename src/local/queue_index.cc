@@ -1,0 +1,183 @@
+// The queue's index file: a 64-byte header, then 64-byte slots, each with a checksum so that a
+// torn or forged slot is recognised and skipped.
+#include "local/queue_index.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "gpulock/error.hpp"
+#include "local/lock_directory.h"
+#include "util/random_id.h"
+
+namespace gpulock {
+namespace {
+
+constexpr std::size_t kRecordSize = 64;
+constexpr char kMagic[8] = {'G', 'P', 'U', 'L', 'O', 'C', 'K', 'Q'};
+constexpr std::uint32_t kFormat = 1;
+// Above this a seq is not believed (a forged one must not make later arrivals wrap to 0).
+constexpr std::uint64_t kMaxSeq = std::uint64_t{1} << 62;
+constexpr unsigned kMaxNeeded = 1024;
+constexpr std::uint32_t kMaxSlots = 1u << 20;
+
+// One slot as stored. Native byte order: the file never leaves the machine.
+struct RawSlot {
+  std::uint64_t seq;
+  char id[16];
+  std::uint32_t uid;
+  std::int32_t pid;
+  std::uint64_t pid_start;
+  std::uint32_t needed;
+  std::uint8_t priority;
+  std::uint8_t flags;
+  std::uint8_t reserved[10];
+  std::uint64_t check;
+};
+static_assert(sizeof(RawSlot) == kRecordSize);
+
+struct RawHeader {
+  char magic[8];
+  std::uint32_t format;
+  std::uint32_t record_size;
+  std::uint64_t next_seq;
+  std::uint8_t reserved[40];
+};
+static_assert(sizeof(RawHeader) == kRecordSize);
+
+constexpr std::uint8_t kNamedGpus = 1;
+constexpr std::uint8_t kOverLimit = 2;
+
+// FNV-1a over every byte before the checksum, so that a torn or half-forged slot fails it.
+std::uint64_t checksum(const RawSlot& slot) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&slot);
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::size_t i = 0; i < offsetof(RawSlot, check); ++i) {
+    h ^= bytes[i];
+    h *= 0x100000001b3ull;
+  }
+  return h | 1;  // never 0, so that an all-zero slot never passes
+}
+
+void write_exactly(int fd, const void* data, std::size_t size, off_t offset, const char* what) {
+  const ssize_t n = ::pwrite(fd, data, size, offset);
+  if (n == static_cast<ssize_t>(size)) return;
+  const int e = n < 0 ? errno : ENOSPC;
+  throw Error(ErrorCode::kEnvironment,
+              fmt::format("cannot write the queue's index ({}): {}{}", what, std::strerror(e),
+                          e == ENOSPC ? " (the disk is full)" : ""));
+}
+
+off_t slot_offset(std::uint32_t slot) {
+  return static_cast<off_t>(kRecordSize) * (static_cast<off_t>(slot) + 1);
+}
+
+}  // namespace
+
+QueueIndex::QueueIndex(const LockDirectory& dir) : fd_(dir.open_shared_file(kFileName)) {}
+
+QueueIndex::Contents QueueIndex::read() const {
+  Contents contents;
+  std::string bytes(64 * 1024, '\0');
+  std::size_t got = 0;
+  while (true) {
+    const ssize_t n =
+        ::pread(fd_.get(), bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      throw Error(ErrorCode::kEnvironment, errno_message("cannot read the queue's index", errno));
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+    if (got == bytes.size()) {
+      if (bytes.size() >= (std::size_t{kMaxSlots} + 1) * kRecordSize) break;
+      bytes.resize(bytes.size() * 2);
+    }
+  }
+  const std::size_t records = got / kRecordSize;
+  std::uint64_t highest = 0;
+  bool found_free = false;
+  if (records > 0) {
+    RawHeader header;
+    std::memcpy(&header, bytes.data(), sizeof header);
+    if (std::memcmp(header.magic, kMagic, sizeof kMagic) == 0 && header.format == kFormat &&
+        header.record_size == kRecordSize && header.next_seq <= kMaxSeq)
+      contents.next_seq = std::max<std::uint64_t>(header.next_seq, 1);
+  }
+  for (std::size_t r = 1; r < records; ++r) {
+    RawSlot raw;
+    std::memcpy(&raw, bytes.data() + r * kRecordSize, sizeof raw);
+    const auto slot = static_cast<std::uint32_t>(r - 1);
+    IndexEntry e;
+    e.slot = slot;
+    e.seq = raw.seq;
+    e.id.assign(raw.id, sizeof raw.id);
+    e.uid = raw.uid;
+    e.pid = raw.pid;
+    e.pid_start = raw.pid_start;
+    e.needed = raw.needed;
+    e.priority = raw.priority == 1 ? Priority::kLow : Priority::kNormal;
+    e.named_gpus = (raw.flags & kNamedGpus) != 0;
+    e.entered_over_limit = (raw.flags & kOverLimit) != 0;
+    const bool valid = raw.seq > 0 && raw.seq <= kMaxSeq && raw.check == checksum(raw) &&
+                       is_lease_id(e.id) && raw.pid > 0 && raw.needed >= 1 &&
+                       raw.needed <= kMaxNeeded && raw.priority <= 1 && (raw.flags & ~3) == 0;
+    if (!valid) {
+      // Empty, torn by a waiter clearing it right now, or garbage: free for the next add().
+      if (!found_free) contents.first_free = slot;
+      found_free = true;
+      continue;
+    }
+    highest = std::max(highest, e.seq);
+    contents.entries.push_back(std::move(e));
+  }
+  if (!found_free) contents.first_free = static_cast<std::uint32_t>(records > 0 ? records - 1 : 0);
+  // Never behind a seq in use, whatever the header says.
+  contents.next_seq = std::max(contents.next_seq, highest + 1);
+  std::sort(contents.entries.begin(), contents.entries.end(),
+            [](const IndexEntry& a, const IndexEntry& b) { return a.seq < b.seq; });
+  return contents;
+}
+
+IndexEntry QueueIndex::add(IndexEntry entry, const Contents& contents) {
+  if (contents.next_seq > kMaxSeq || contents.first_free >= kMaxSlots)
+    throw Error(ErrorCode::kEnvironment,
+                "the queue's index is full or damaged; `gpulock init` as root resets it");
+  entry.slot = contents.first_free;
+  entry.seq = contents.next_seq;
+  RawSlot raw{};
+  raw.seq = entry.seq;
+  std::memcpy(raw.id, entry.id.data(), std::min(entry.id.size(), sizeof raw.id));
+  raw.uid = entry.uid;
+  raw.pid = entry.pid;
+  raw.pid_start = entry.pid_start;
+  raw.needed = entry.needed;
+  raw.priority = entry.priority == Priority::kLow ? 1 : 0;
+  raw.flags = static_cast<std::uint8_t>((entry.named_gpus ? kNamedGpus : 0) |
+                                        (entry.entered_over_limit ? kOverLimit : 0));
+  raw.check = checksum(raw);
+  write_exactly(fd_.get(), &raw, sizeof raw, slot_offset(entry.slot), "a new slot");
+  RawHeader header{};
+  std::memcpy(header.magic, kMagic, sizeof kMagic);
+  header.format = kFormat;
+  header.record_size = kRecordSize;
+  header.next_seq = entry.seq + 1;
+  write_exactly(fd_.get(), &header, sizeof header, 0, "its header");
+  return entry;
+}
+
+void QueueIndex::remove(std::uint32_t slot, std::uint64_t seq) const {
+  RawSlot raw{};
+  if (::pread(fd_.get(), &raw, sizeof raw, slot_offset(slot)) != sizeof raw || raw.seq != seq)
+    return;
+  const RawSlot empty{};
+  // Best effort: a slot left behind belongs to a ticket that is no longer live, and the next
+  // planner that reaches it clears it.
+  [[maybe_unused]] const ssize_t n = ::pwrite(fd_.get(), &empty, sizeof empty, slot_offset(slot));
+}
+
+}  // namespace gpulock

@@ -1,0 +1,70 @@
+// QueueIndex: the queue's compact table of waiting requests, one fixed-size slot each, in one
+// file ("<lock dir>/queue/index"), so that planning reads the whole queue with one pread instead
+// of opening, checking and parsing a ticket file per waiter.
+//
+// A slot holds what ordering the queue needs (arrival, user, process, priority, size, flags)
+// and the id of the waiter's ticket file, which stays the truth: a slot counts only while its
+// ticket is live (QueueDirectory). Planners read a ticket's details and check its liveness only
+// when the plan reaches it while some GPU is still free (see plan_queue's loader), so the cost
+// of a plan does not grow with the number of waiters behind the last free GPU.
+//
+// Slots are written under the machine-wide acquire mutex (registration, and clearing the slot of
+// a waiter found dead); a waiter clears its own slot when it leaves. The file is world-writable
+// like the queue directory: everything read from it is untrusted and validated, and a forged or
+// damaged slot can only change the order of service, never exclusion (the GPU locks decide).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpulock/queue.hpp"
+#include "util/fd.h"
+
+namespace gpulock {
+
+class LockDirectory;
+
+struct IndexEntry {
+  std::uint32_t slot = 0;
+  std::uint64_t seq = 0;  // arrival order, > 0
+  std::string id;         // the ticket's id (16 hex digits)
+  uid_t uid = 0;          // as registered; the ticket file's owner is checked when it is read
+  pid_t pid = 0;
+  std::uint64_t pid_start = 0;  // the process's start time, against pid reuse
+  Priority priority = Priority::kNormal;
+  unsigned needed = 1;
+  bool named_gpus = false;
+  bool entered_over_limit = false;
+};
+
+class QueueIndex {
+ public:
+  // Opens the index file of the queue directory `dir`, creating it (mode 0666) when missing.
+  // Throws Error(kEnvironment) when it cannot be used.
+  explicit QueueIndex(const LockDirectory& dir);
+  static constexpr const char* kFileName = "index";
+
+  struct Contents {
+    std::vector<IndexEntry> entries;  // valid occupied slots, by seq
+    std::uint64_t next_seq = 1;       // the seq the next registration gets
+    std::uint32_t first_free = 0;     // the first slot that add() may use
+  };
+  // The whole table, read with one pread (a few more for a queue of thousands).
+  Contents read() const;
+
+  // Writes `entry` into the first free slot (entry.slot is set) and returns it with its seq,
+  // which is `contents.next_seq`. REQUIRES: the acquire mutex is held and `contents` was read
+  // under it. Throws Error(kEnvironment) when the file cannot be written (a full disk).
+  IndexEntry add(IndexEntry entry, const Contents& contents);
+
+  // Empties the slot if it still holds that seq. Safe without the mutex for one's own slot.
+  void remove(std::uint32_t slot, std::uint64_t seq) const;
+
+ private:
+  UniqueFd fd_;
+};
+
+}  // namespace gpulock
