@@ -23,12 +23,17 @@ struct Guarded {
 constexpr std::size_t kSlots = 256;
 std::array<Guarded, kSlots> guarded;
 
+// An entry's fd: -1 free, -2 being filled in by guard(), else the descriptor.
+constexpr int kFree = -1;
+constexpr int kFilling = -2;
+
 void in_forked_child() {
   for (Guarded& g : guarded) {
-    const int fd = g.fd.exchange(-1);
+    const int fd = g.fd.load();
     if (fd < 0) continue;
     const int dir_fd = g.dir_fd.load();
     if (dir_fd < 0) {
+      g.fd.store(kFree);
       ::close(fd);
       continue;
     }
@@ -38,7 +43,7 @@ void in_forked_child() {
       ::dup3(fresh, fd, O_CLOEXEC);
       ::close(fresh);
     }
-    g.fd.store(fd);  // the child's pool keeps it, and its own children get the same care
+    // The entry stays: the child's pool keeps the descriptor, and its own children get the same.
   }
 }
 
@@ -46,11 +51,13 @@ void guard(int fd, int dir_fd, const char* name) {
   static std::once_flag once;
   std::call_once(once, [] { ::pthread_atfork(nullptr, nullptr, in_forked_child); });
   for (Guarded& g : guarded) {
-    int expected = -1;
-    if (g.fd.load() != -1) continue;
+    // Claimed first, then filled in, then published: a fork in between sees no half entry.
+    int expected = kFree;
+    if (!g.fd.compare_exchange_strong(expected, kFilling)) continue;
     g.dir_fd.store(dir_fd);
     g.name = name;
-    if (g.fd.compare_exchange_strong(expected, fd)) return;
+    g.fd.store(fd);
+    return;
   }
 }
 

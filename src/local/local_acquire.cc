@@ -100,6 +100,22 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     return false;
   }();
 
+  // A departure can make room for a request held back by max_waiting even when no GPU is free.
+  const bool waiting_limits = [this] {
+    if (config_.default_limits.max_waiting) return true;
+    for (const auto& [name, user_limits] : config_.per_user)
+      if (user_limits.max_waiting) return true;
+    return false;
+  }();
+  // True when no GPU of the machine is free: nobody can be served, no reservation changes.
+  const auto every_gpu_held = [this](const std::vector<Device>& devices) {
+    for (const auto& d : devices) {
+      const LockState p = probe(d.uuid, false);
+      if (!p.locked && p.error.empty()) return false;
+    }
+    return true;
+  };
+
   // This request as the queue sees it; registered only if it has to wait.
   Ticket wanted = ticket_for_request(request, needed, user);
 
@@ -127,7 +143,24 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   std::optional<IndexEntry> watching;
   std::optional<IndexEntry> watched_gone;
   bool oldest = false;  // the oldest waiter (it also sweeps the queue at its safety re-check)
-  bool sweep_due = false;
+  Clock::time_point last_sweep = start;
+  // A waiter that leaves the queue alive wakes the one after it, which watched its process and
+  // must now watch the one before it (whoever leaves dead, the pidfd tells).
+  struct WakeSuccessorOnExit {
+    LocalBackend& pool;
+    OwnTicket& ticket;
+    ~WakeSuccessorOnExit() {
+      if (!ticket) return;
+      if (QueueDirectory* queue = pool.queue_dir(false)) queue->wake_successor(ticket.ticket().seq);
+    }
+  } wake_successor_on_exit{*this, ticket};
+  // The last plan, kept while a dispatcher looks again without planning (see skip_plan).
+  QueueSnapshot snapshot;
+  std::size_t me = 0;
+  bool planned = false;
+  bool dispatcher = false;
+  bool backup_dispatcher = false;  // a dispatcher other than the oldest waiter
+  bool recheck_cheaply = false;
 
   while (true) {
     const std::vector<Device> devices = source_->devices();
@@ -162,11 +195,15 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     for (const Device* d : candidates) wanted.candidates.push_back(d->uuid);
 
     // 2. Under the machine-wide acquire mutex: plan the queue; take our GPUs if it says so.
-    QueueSnapshot snapshot;
-    std::size_t me = 0;
-    bool dispatcher = false;
-    bool backup_dispatcher = false;  // a dispatcher other than the oldest waiter
-    {
+    // Unless this is a dispatcher woken by a release or a departure (or looking again shortly
+    // after one, or after it began to watch) while every GPU is held: then nothing can have
+    // changed who is served, the last plan stands, and a hand-off costs one plan however many
+    // dispatchers hear of it. (The released lock may not be dropped yet when the event comes;
+    // the quick re-checks look again.)
+    const bool skip_plan =
+        recheck_cheaply && planned && ticket && !waiting_limits && every_gpu_held(devices);
+    recheck_cheaply = false;
+    if (!skip_plan) {
       std::lock_guard<std::mutex> guard(acquire_mutex_);
       if (!acquire_mutex_fd_) {
         acquire_mutex_fd_ = dir_.open_acquire_mutex();
@@ -184,9 +221,9 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         watched_gone.reset();
       }
       // The oldest waiter's safety re-check also clears what dead waiters left behind.
-      if (sweep_due) {
+      if (oldest && Clock::now() - last_sweep >= options_.safety_recheck_interval) {
         sweep_queue();
-        sweep_due = false;
+        last_sweep = Clock::now();
       }
       const QueueDirectory::Listing listing = list_queue_index();
       // Holder records are read only when someone's share or limit depends on them.
@@ -213,17 +250,22 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       snapshot = plan(devices, listing, ticket ? nullptr : &wanted,
                       ticket ? &ticket.ticket() : nullptr, others_wait || any_gpu_limit, &gone);
       if (!gone.empty()) {
-        // Waiters that ended without leaving (killed): plan again without them.
+        // Waiters that ended without leaving (killed): plan again without them. (A slot whose
+        // ticket is live but does not match it is only skipped: removing it would not work,
+        // and planning again would find it again.)
+        bool removed = false;
         if (QueueDirectory* queue = queue_dir(false))
-          for (const IndexEntry& entry : gone) queue->remove_dead(entry);
-        continue;
+          for (const IndexEntry& entry : gone) removed |= queue->remove_dead(entry);
+        if (removed) continue;
       }
+      me = 0;
       while (me < snapshot.tickets.size() && snapshot.tickets[me].id != wanted.id) ++me;
       if (me == snapshot.tickets.size()) {
         // Our ticket vanished (someone root removed the queue): register again.
         ticket = OwnTicket();
         continue;
       }
+      planned = true;
 
       // A lock file that cannot be used (a planted symlink, ...) rules its GPU out.
       std::size_t unusable = 0;
@@ -253,8 +295,11 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
             if (d->uuid == uuid) chosen.push_back(d);
         bool replaced = false;
         if (std::optional<Lease> lease = try_lock(chosen, request, replaced)) {
-          if (ticket) tell_new_dispatchers(listing.live, /*leaving=*/true);
-          ticket.leave();  // tells the waiter behind us, which re-plans
+          if (ticket) {
+            tell_new_dispatchers(listing.live, /*leaving=*/true);
+            queue_dir(false)->wake_successor(ticket.ticket().seq, &listing);
+          }
+          ticket.leave();
           note_served();
           return std::move(*lease);
         }
@@ -263,6 +308,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
 
       if (ticket && mine.may_enter) {
         // There is room for us in the queue now: join it at the back.
+        queue_dir(false)->wake_successor(ticket.ticket().seq, &listing);
         ticket.leave();
         wanted.entered_over_limit = false;
         QueueDirectory& queue = *queue_dir(true);
@@ -312,21 +358,31 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // Having just started to watch, look at the locks again: a release between our look
         // and the watch would otherwise go unnoticed.
         const bool now_following = channel->watch_releases(dir_.fd(), dispatcher);
-        if (channel->watch_departures(queue.fd(), dispatcher) || now_following) continue;
+        if (channel->watch_departures(queue.fd(), dispatcher) || now_following) {
+          recheck_cheaply = true;
+          continue;
+        }
         // The ring: each waiter watches the one before it. (The oldest is a dispatcher, which
         // hears every departure anyway, so the ring is not closed: arrivals need not wake it.)
         const std::size_t watched = k > 0 ? k - 1 : live.size();
         if (watched < live.size() && watched < listing.index.size()) {
           // Watch first, then check it still waits, so that its ending is never missed (and a
           // reused pid is never mistaken for it).
-          if (!channel->watch_process(live[watched].process.pid) ||
-              !queue.is_live(live[watched].id)) {
-            watched_gone = listing.index[watched];
+          const bool watchable = channel->watch_process(live[watched].process);
+          if (!queue.is_live(live[watched].id)) {
+            watched_gone = listing.index[watched];  // cleared at once, then planned again
             continue;
           }
-          watching = listing.index[watched];
+          // Live, but its process is not ours to see (another pid namespace, or a ticket kept
+          // by a forked child): the dispatchers hear its departure instead.
+          if (watchable) {
+            watching = listing.index[watched];
+          } else {
+            channel->watch_process(ProcessId{});
+            watching.reset();
+          }
         } else {
-          channel->watch_process(0);
+          channel->watch_process(ProcessId{});
           watching.reset();
         }
       }
@@ -371,11 +427,14 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     auto sleep = !dispatcher                   ? options_.safety_recheck_interval * 60
                  : snapshot.health_dependent() ? options_.health_recheck_interval
                                                : options_.safety_recheck_interval;
-    if (quick_rechecks > 0) {
+    const bool quick = quick_rechecks > 0;
+    if (quick) {
       sleep = std::min(sleep, kQuickRechecks[std::size(kQuickRechecks) - quick_rechecks]);
       --quick_rechecks;
     }
     const auto wake_at = Clock::now() + sleep;
+    bool event = false;      // a release or a departure
+    bool must_plan = false;  // woken through the FIFO, or the watched waiter ended
     while (true) {
       // Rounded up: rounding down would make the last millisecond of every sleep a busy loop.
       auto slice = std::chrono::ceil<std::chrono::milliseconds>(wake_at - Clock::now());
@@ -392,20 +451,27 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       // The kernel reports a close just before it drops the closed file's lock (a lease's,
       // or a dead waiter's ticket's): look again shortly after any wake-up.
       if (!woke.timed_out()) quick_rechecks = static_cast<int>(std::size(kQuickRechecks));
+      event |= !woke.timed_out();
+      must_plan |= woke.woken || woke.watched_ended;
       // The waiter this one watches ended (the pidfd fired and stopped watching it).
       if (!woke.timed_out() && watching && !channel->watching_process()) {
         watched_gone = watching;
         watching.reset();
       }
-      if (woke.timed_out() && oldest && Clock::now() >= wake_at) sweep_due = true;
       if (!woke.timed_out() && backup_dispatcher) {
         // The oldest waiter normally handles this at once; the others are its backups (for
         // when it is stopped) and give it, and the waiter it serves, the mutex first.
-        channel->wait(ticket.wake_fd(), kBackupDelay);
+        const WaitChannel::Wakeup later = channel->wait(ticket.wake_fd(), kBackupDelay);
+        must_plan |= later.woken || later.watched_ended;
+        if (later.watched_ended && watching) {
+          watched_gone = watching;
+          watching.reset();
+        }
       }
       const auto now = Clock::now();
       if (!woke.timed_out() || now >= wake_at || now >= deadline || hooks.progress_refresh) break;
     }
+    recheck_cheaply = dispatcher && !must_plan && (event || quick);
   }
 }
 

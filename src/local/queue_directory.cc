@@ -380,8 +380,27 @@ std::optional<Ticket> QueueDirectory::read_ticket(const IndexEntry& entry) const
   return it->second.ticket;
 }
 
-void QueueDirectory::remove_dead(const IndexEntry& entry) const {
-  if (is_live(entry.id)) return;
+void QueueDirectory::wake_successor(std::uint64_t seq, const Listing* listing) const {
+  Listing read;
+  if (!listing) {
+    try {
+      read.contents = index().read();
+      read.index = read.contents.entries;
+    } catch (const Error&) {
+      return;  // best effort: the dispatchers hear the departure anyway
+    }
+    listing = &read;
+  }
+  for (const IndexEntry& e : listing->index) {
+    if (e.seq > seq) {
+      wake(e.id);
+      return;
+    }
+  }
+}
+
+bool QueueDirectory::remove_dead(const IndexEntry& entry) const {
+  if (is_live(entry.id)) return false;
   index().remove(entry.slot, entry.seq);
   struct stat st {};
   const uid_t me = ::geteuid();
@@ -390,6 +409,7 @@ void QueueDirectory::remove_dead(const IndexEntry& entry) const {
     ::unlinkat(fd(), ticket_name(entry.id).c_str(), 0);
     ::unlinkat(fd(), wake_name(entry.id).c_str(), 0);
   }
+  return true;
 }
 
 void QueueDirectory::read_last_served(Listing& listing) const {
@@ -413,6 +433,7 @@ void QueueDirectory::prepare() const {
   if (::geteuid() == 0 && (::fchown(fd(), 0, 0) != 0 || ::fchmod(fd(), 01777) != 0))
     throw Error(ErrorCode::kEnvironment,
                 errno_message("cannot make " + path().string() + " root-owned", errno));
+  for (const IndexEntry& entry : list_index().index) remove_dead(entry);
   list(/*remove_dead=*/true);
 }
 

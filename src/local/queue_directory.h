@@ -4,8 +4,9 @@
 // with an OFD lock by the waiting process for as long as it waits), "<id>.wake" (a FIFO the
 // waiter reads, so that any process can wake exactly that waiter by writing a byte), and a slot
 // in the shared index (queue_index.h), which planners read instead of every ticket. A ticket
-// whose lock is not held belongs to a waiter that died, SIGKILL included: it no longer counts,
-// and its files are removed by the next of its user's processes (or root) that plans the queue.
+// whose lock is not held belongs to a waiter that died, SIGKILL included: it no longer counts;
+// its slot is cleared by whoever finds it dead, and its files by a sweep of its user's (or
+// root's) processes.
 // The directory is sticky and world-writable like the lock directory; every open is relative to
 // its descriptor, with O_NOFOLLOW, and checks the file type, so planted files are ignored.
 #pragma once
@@ -105,8 +106,13 @@ class QueueDirectory {
   std::optional<Ticket> read_ticket(const IndexEntry& entry) const;
 
   // Clears the slot of an entry whose ticket is not live, and removes its files where this
-  // process may (its own user's; everyone's as root). REQUIRES: the acquire mutex is held.
-  void remove_dead(const IndexEntry& entry) const;
+  // process may (its own user's; everyone's as root); false if it is live after all.
+  // REQUIRES: the acquire mutex is held.
+  bool remove_dead(const IndexEntry& entry) const;
+
+  // Wakes the waiter that registered next after `seq` (the one that watches that waiter's
+  // process), from `listing` when given, else from the index as it is now.
+  void wake_successor(std::uint64_t seq, const Listing* listing = nullptr) const;
 
   // Records that this process's user was given GPUs now ("served-<uid>", whose mtime says when).
   void mark_served() const;
@@ -120,7 +126,8 @@ class QueueDirectory {
   // A path under which inotify can watch that ticket (through this directory's descriptor).
   std::string watch_path(const std::string& ticket_id) const;
 
-  // Makes the directory root-owned (for `gpulock init`); removes every dead ticket.
+  // Makes the directory root-owned (for `gpulock init`); removes every dead ticket and slot.
+  // REQUIRES: the acquire mutex is held, or nobody else plans (boot).
   void prepare() const;
 
  private:

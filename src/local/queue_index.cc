@@ -146,7 +146,8 @@ QueueIndex::Contents QueueIndex::read() const {
 IndexEntry QueueIndex::add(IndexEntry entry, const Contents& contents) {
   if (contents.next_seq > kMaxSeq || contents.first_free >= kMaxSlots)
     throw Error(ErrorCode::kEnvironment,
-                "the queue's index is full or damaged; `gpulock init` as root resets it");
+                "the queue's index is full (a million waiters, or a forged seq); `sudo gpulock "
+                "init` clears the slots of waiters that ended");
   entry.slot = contents.first_free;
   entry.seq = contents.next_seq;
   RawSlot raw{};

@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/inotify.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 
 #include "gpulock/error.hpp"
 #include "local/lock_directory.h"
+#include "process/process_identity.h"
 
 namespace gpulock {
 namespace {
@@ -24,20 +24,6 @@ void drain_fd(int fd) {
   char buffer[256];
   while (fd >= 0 && ::read(fd, buffer, sizeof buffer) > 0) {
   }
-}
-
-// A descriptor that becomes readable when the process ends (Linux 5.3); invalid if the process
-// is gone or pidfds are not supported (the ring then relies on the dispatchers).
-UniqueFd open_pidfd(pid_t pid) {
-#ifdef SYS_pidfd_open
-  UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
-  if (fd) ::fcntl(fd.get(), F_SETFD, FD_CLOEXEC);
-  return fd;
-#else
-  (void)pid;
-  errno = ENOSYS;
-  return UniqueFd();
-#endif
 }
 
 }  // namespace
@@ -82,14 +68,20 @@ void WaitChannel::fall_back_to_polling() {
   releases_wd_ = departures_wd_ = -1;
 }
 
-bool WaitChannel::watch_process(pid_t pid) {
-  if (pid == watched_pid_ && (pid == 0 || process_fd_)) return true;
+bool WaitChannel::watch_process(const ProcessId& process) {
+  if (process.pid == watched_pid_ && (process.pid == 0 || process_fd_)) return true;
   process_fd_.reset();
   watched_pid_ = 0;
-  if (pid <= 0) return true;
-  process_fd_ = open_pidfd(pid);
+  if (process.pid <= 0) return true;
+  process_fd_.reset(open_pidfd(process.pid));
   if (!process_fd_) return errno != ESRCH;  // gone already; without pidfds, watch nothing
-  watched_pid_ = pid;
+  ::fcntl(process_fd_.get(), F_SETFD, FD_CLOEXEC);
+  // Opened first, then checked: a pid reused by another process is not the waiter.
+  if (!is_alive(process)) {
+    process_fd_.reset();
+    return false;
+  }
+  watched_pid_ = process.pid;
   return true;
 }
 
@@ -146,10 +138,10 @@ WaitChannel::Wakeup WaitChannel::wait(int wake_fd, std::chrono::milliseconds tim
     // interrupt check runs now rather than at its next poll.
     if (ready < 0) break;
     if (ready == 0) continue;  // (ends the loop if something is known already)
-    if (wake_at < 3 && (p[wake_at].revents & POLLIN) != 0) woke.queue_change = true;
+    if (wake_at < 3 && (p[wake_at].revents & POLLIN) != 0) woke.queue_change = woke.woken = true;
     if (process_at < 3 && p[process_at].revents != 0) {
       // The watched waiter ended: its descriptor stays readable, so stop watching it.
-      woke.queue_change = true;
+      woke.queue_change = woke.watched_ended = true;
       process_fd_.reset();
       watched_pid_ = 0;
     }
@@ -161,7 +153,7 @@ WaitChannel::Wakeup WaitChannel::wait(int wake_fd, std::chrono::milliseconds tim
   }
   drain_fd(wake_fd);
   if (polling && woke.timed_out() && timeout >= kPollInterval)
-    woke.release = woke.queue_change = true;  // polling: anything may have happened
+    woke.release = woke.queue_change = woke.woken = true;  // polling: anything may have happened
   return woke;
 }
 

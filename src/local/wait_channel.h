@@ -3,9 +3,9 @@
 // A waiter sleeps on up to three sources, set as its role in the queue requires:
 //   - its own wake FIFO (OwnTicket::wake_fd): another process planned the queue and found this
 //     waiter served, or wants it to look again;
-//   - the process of one other waiter (a pidfd): the waiters form a ring in arrival order, each
-//     watching the one that arrived before it (the oldest watches the newest), so when a waiter
-//     dies, however it dies, one other wakes, re-plans and wakes whoever that makes served;
+//   - the process of one other waiter (a pidfd): the waiters form a chain in arrival order, each
+//     watching the one that arrived before it, so when a waiter dies, however it dies, the next
+//     wakes, clears its slot, re-plans and wakes whoever that makes served;
 //   - for the three oldest waiters only (the dispatchers; three, so that waiters stopped with
 //     Ctrl-Z cannot hold up everyone unless three are), inotify on the lock directory
 //     (IN_CLOSE_WRITE on lock files): a lease ended, so they re-plan and wake whoever is served;
@@ -22,6 +22,7 @@
 
 #include <string>
 
+#include "process/process_identity.h"
 #include "util/fd.h"
 
 namespace gpulock {
@@ -41,15 +42,18 @@ class WaitChannel {
   // true if it started watching just now (the caller must then look at the queue again).
   bool watch_departures(int queue_dir_fd, bool on);
 
-  // Watches the process `pid` (another waiter) instead of any other, until it ends; 0 watches
-  // none. Returns false if that process is gone already. The caller checks afterwards that the
-  // waiter's ticket is still live (so a reused pid is not mistaken for the waiter).
-  bool watch_process(pid_t pid);
+  // Watches `process` (another waiter: pid and start time) instead of any other, until it ends;
+  // pid 0 watches none. Returns false if that process is gone already (its pid unused, or used
+  // by another process); true, watching nothing, where pidfds are not supported. The caller
+  // checks afterwards that the waiter's ticket is still live, so an end is never missed.
+  bool watch_process(const ProcessId& process);
   bool watching_process() const { return watched_pid_ != 0; }
 
   struct Wakeup {
-    bool release = false;       // a lease ended (or events were lost)
-    bool queue_change = false;  // the watched waiter ended, or someone woke us
+    bool release = false;        // a lease ended (or events were lost)
+    bool queue_change = false;   // the watched waiter ended, a waiter left, or someone woke us
+    bool woken = false;          // someone woke us through the wake FIFO
+    bool watched_ended = false;  // the watched waiter's process ended
     bool timed_out() const { return !release && !queue_change; }
   };
   // Sleeps until one of the sources fires or the timeout passes, or a signal handler runs

@@ -106,7 +106,10 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
     PlanRequest& r = requests[index];
     Placement placement;
     placement.request = index;
-    if (r.details_pending && !held_back[index]) {
+    const bool over_gpu_limit =
+        !held_back[index] && r.limits.max_gpus &&
+        held_by_user[r.uid] + given_to_user[r.uid] + r.needed > *r.limits.max_gpus;
+    if (r.details_pending && !held_back[index] && !over_gpu_limit) {
       // Only a free GPU that nobody earlier was given or reserved can change anything now.
       const bool free_left = free.size() > claimed.size();
       bool takes_part = false;
@@ -124,8 +127,7 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
     if (held_back[index]) {
       placement.standing = QueueStanding::kOverWaitingLimit;
       placement.may_enter = may_enter[index];
-    } else if (r.limits.max_gpus &&
-               held_by_user[r.uid] + given_to_user[r.uid] + r.needed > *r.limits.max_gpus) {
+    } else if (over_gpu_limit) {
       placement.standing = QueueStanding::kOverGpuLimit;
     } else {
       const std::set<std::string> unhealthy(r.unhealthy.begin(), r.unhealthy.end());

@@ -5,6 +5,7 @@ import fcntl
 import json
 import os
 import signal
+import struct
 import subprocess
 
 from conftest import EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE, HANG, PYTHON, lock_file_name, \
@@ -112,3 +113,34 @@ def test_release_refuses_a_forged_record_naming_another_process(gl):
     # With the forgery gone, the real release works.
     assert gl.run("release", lease_id).returncode == 0
     gl.wait_state(0, "free")
+
+
+def _index_slot(seq, ticket_id, uid, pid, needed=1):
+    """One slot of the queue's index (src/local/queue_index.cc), checksum included."""
+    body = struct.pack("=Q16sIiQIBB10x", seq, ticket_id.encode(), uid, pid, 0, needed, 0, 0)
+    h = 0xcbf29ce484222325
+    for byte in body:
+        h = ((h ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return body + struct.pack("=Q", h | 1)
+
+
+def test_forged_index_slot_with_a_live_ticket_does_not_stall_acquisitions(gl):
+    # Issue 12 review: a slot that names a locked ticket but disagrees with it (here: another
+    # uid) was found "gone" at every plan, could not be removed (its ticket is live), and the
+    # planner planned again for ever, --no-wait and --timeout included. It must only be skipped.
+    env = gl.env(fake="1")
+    assert gl.run("status", env=env).returncode == 0  # creates the lock and queue directories
+    queue = gl.lock_dir / "queue"
+    queue.mkdir(exist_ok=True)
+    ticket_id = "0123456789abcdef"
+    with open(queue / (ticket_id + ".ticket"), "w+") as ticket:
+        ticket.write("{}")
+        ticket.flush()
+        fcntl.lockf(ticket, fcntl.LOCK_EX)  # live: someone holds it
+        header = b"GPULOCKQ" + struct.pack("=IIQ", 1, 64, 2) + bytes(40)
+        with open(queue / "index", "wb") as index:
+            index.write(header + _index_slot(1, ticket_id, os.getuid() + 1, os.getpid()))
+        result = gl.run("run", "--no-wait", "-n", "1", "--", "true", env=env, timeout=30)
+        assert result.returncode == 0, result.stderr
+        result = gl.run("run", "--timeout", "5s", "-n", "1", "--", "true", env=env, timeout=30)
+        assert result.returncode == 0, result.stderr

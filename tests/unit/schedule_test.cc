@@ -1233,6 +1233,17 @@ TEST(PlanOnDemand, AGoneRequestTakesAndReservesNothing) {
   EXPECT_THAT(plan.of(1).gpus, ElementsAre(Uuid(1)));
 }
 
+TEST(PlanOnDemand, ARequestOverItsUsersGpuLimitIsNotRead) {
+  // One user at max_gpus with a long queue and a free GPU: nothing of the queue need be read.
+  PendingQueue queue;
+  for (int i = 0; i < 50; ++i)
+    queue.Add(WithLimits(Any(static_cast<std::uint64_t>(i) + 1, 1000, 1, UuidRange(2)), 1,
+                         std::nullopt));
+  const Plan plan = queue.Run({Held(0, 1000), Free(1)});
+  EXPECT_THAT(queue.loaded, IsEmpty());
+  EXPECT_EQ(plan.of(0).standing, QueueStanding::kOverGpuLimit);
+}
+
 TEST(PlanOnDemand, NothingIsReadWhenNoGpuIsFree) {
   PendingQueue queue;
   for (int i = 0; i < 10; ++i)

@@ -200,7 +200,7 @@ int InotifyInstances() {
 TEST_F(WaitChannelTest, EndOfWatchedProcessWakesWithQueueChange) {
   const pid_t other = SpawnSleeper();
   ASSERT_GT(other, 0);
-  ASSERT_TRUE(channel_.watch_process(other));
+  ASSERT_TRUE(channel_.watch_process(*process_id_of(other)));
   ExpectStaysAsleep();
   const WaitChannel::Wakeup woke =
       WaitAcross([&] { ::kill(other, SIGKILL); }, -1, "the watched process died");
@@ -214,14 +214,23 @@ TEST_F(WaitChannelTest, EndOfWatchedProcessWakesWithQueueChange) {
 TEST_F(WaitChannelTest, WatchProcessOfEndedProcessReturnsFalse) {
   const pid_t other = SpawnSleeper();
   ASSERT_GT(other, 0);
+  const ProcessId id = *process_id_of(other);
   KillAndReap(other);
-  EXPECT_FALSE(channel_.watch_process(other));
+  EXPECT_FALSE(channel_.watch_process(id));
+}
+
+TEST_F(WaitChannelTest, WatchProcessOfAReusedPidReturnsFalse) {
+  // The pid is there, but another process (another start time) has it now.
+  ProcessId reused = self_process_id();
+  reused.start_ticks += 1;
+  EXPECT_FALSE(channel_.watch_process(reused));
+  EXPECT_FALSE(channel_.watching_process());
 }
 
 TEST_F(WaitChannelTest, WatchProcessZeroStopsWatching) {
   const pid_t other = SpawnSleeper();
-  ASSERT_TRUE(channel_.watch_process(other));
-  EXPECT_TRUE(channel_.watch_process(0));
+  ASSERT_TRUE(channel_.watch_process(*process_id_of(other)));
+  EXPECT_TRUE(channel_.watch_process(ProcessId{}));
   KillAndReap(other);
   ExpectStaysAsleep();
 }
@@ -229,8 +238,8 @@ TEST_F(WaitChannelTest, WatchProcessZeroStopsWatching) {
 TEST_F(WaitChannelTest, WatchingAnotherProcessForgetsTheFirst) {
   const pid_t first = SpawnSleeper();
   const pid_t second = SpawnSleeper();
-  ASSERT_TRUE(channel_.watch_process(first));
-  ASSERT_TRUE(channel_.watch_process(second));
+  ASSERT_TRUE(channel_.watch_process(*process_id_of(first)));
+  ASSERT_TRUE(channel_.watch_process(*process_id_of(second)));
   KillAndReap(first);
   ExpectStaysAsleep();
   KillAndReap(second);
@@ -240,7 +249,7 @@ TEST_F(WaitChannelTest, WatchingAnotherProcessForgetsTheFirst) {
 TEST_F(WaitChannelTest, ReleaseAndProcessEndTogetherReportBoth) {
   const pid_t other = SpawnSleeper();
   channel_.watch_releases(locks_.fd(), true);
-  ASSERT_TRUE(channel_.watch_process(other));
+  ASSERT_TRUE(channel_.watch_process(*process_id_of(other)));
   CloseWritten(LockPath("gpu-X.lock"));
   KillAndReap(other);
   const WaitChannel::Wakeup woke = channel_.wait(-1, kLong);
@@ -255,7 +264,7 @@ TEST_F(WaitChannelTest, AWaiterThatFollowsNoReleasesHoldsNoInotifyInstance) {
   const pid_t other = SpawnSleeper();
   OwnTicket mine = queue_->enter(MakeTicket(1));
   WaitChannel waiter;
-  ASSERT_TRUE(waiter.watch_process(other));
+  ASSERT_TRUE(waiter.watch_process(*process_id_of(other)));
   waiter.wait(mine.wake_fd(), milliseconds(10));
   EXPECT_EQ(InotifyInstances(), before);
   waiter.watch_releases(locks_.fd(), true);
@@ -278,7 +287,7 @@ TEST_F(WaitChannelTest, NothingHappeningWithEverySourceSetTimesOut) {
   OwnTicket mine = queue_->enter(MakeTicket(1));
   const pid_t other = SpawnSleeper();
   channel_.watch_releases(locks_.fd(), true);
-  ASSERT_TRUE(channel_.watch_process(other));
+  ASSERT_TRUE(channel_.watch_process(*process_id_of(other)));
   const auto start = Clock::now();
   const WaitChannel::Wakeup woke = channel_.wait(mine.wake_fd(), milliseconds(300));
   const auto waited = Clock::now() - start;
@@ -342,7 +351,7 @@ TEST_F(WaitChannelTest, ResetForgetsAQueuedRelease) {
 TEST_F(WaitChannelTest, ResetForgetsTheWatches) {
   const pid_t other = SpawnSleeper();
   channel_.watch_releases(locks_.fd(), true);
-  ASSERT_TRUE(channel_.watch_process(other));
+  ASSERT_TRUE(channel_.watch_process(*process_id_of(other)));
   channel_.reset();
   EXPECT_FALSE(channel_.watching_process());
   CloseWritten(LockPath("gpu-X.lock"));
@@ -353,11 +362,11 @@ TEST_F(WaitChannelTest, ResetForgetsTheWatches) {
 TEST_F(WaitChannelTest, WatchesWorkAgainAfterReset) {
   const pid_t other = SpawnSleeper();
   channel_.watch_releases(locks_.fd(), true);
-  ASSERT_TRUE(channel_.watch_process(other));
+  ASSERT_TRUE(channel_.watch_process(*process_id_of(other)));
   channel_.reset();
   // The same watches as before the reset: they must really be set up again.
   EXPECT_TRUE(channel_.watch_releases(locks_.fd(), true));
-  ASSERT_TRUE(channel_.watch_process(other));
+  ASSERT_TRUE(channel_.watch_process(*process_id_of(other)));
   CloseWritten(LockPath("gpu-X.lock"));
   EXPECT_TRUE(channel_.wait(-1, kLong).release);
   KillAndReap(other);
@@ -368,7 +377,7 @@ TEST_F(WaitChannelTest, ResetChannelServesManyWaitersInTurn) {
   // GpuPool keeps channels for reuse: each waiter's events are its own.
   for (int round = 0; round < 5; ++round) {
     const pid_t other = SpawnSleeper();
-    ASSERT_TRUE(channel_.watch_process(other));
+    ASSERT_TRUE(channel_.watch_process(*process_id_of(other)));
     channel_.watch_releases(locks_.fd(), round % 2 == 0);
     CloseWritten(LockPath("gpu-X.lock"));
     KillAndReap(other);
