@@ -58,6 +58,16 @@ BENCHMARK(BM_AcquireRelease2of8)
     ->Repetitions(10)
     ->ReportAggregatesOnly(true);
 
+// The kernel floor of the same lease, in the same run (open + F_OFD_SETLK + close; issue 12's
+// aim: acquire + release of one GPU within 2x of it).
+void BM_KernelFloorLease(benchmark::State& state) {
+  gpulock_bench::kernel_floor_lease(state);
+}
+BENCHMARK(BM_KernelFloorLease)
+    ->Unit(benchmark::kMicrosecond)
+    ->Repetitions(10)
+    ->ReportAggregatesOnly(true);
+
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -1,7 +1,9 @@
 // Helpers shared by the benchmarks: a scratch lock directory and percentiles of samples.
 #pragma once
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -57,6 +59,28 @@ inline void add_percentile_counters(benchmark::State& state, std::vector<double>
   state.counters[prefix + "p90_us"] = quantile(samples, 0.90) * kMicro;
   state.counters[prefix + "p99_us"] = quantile(samples, 0.99) * kMicro;
   state.counters[prefix + "max_us"] = samples.back() * kMicro;
+}
+
+// The kernel floor of an uncontended lease of one GPU (issue 12): open the GPU's lock file,
+// take an OFD write lock without waiting, close it (which drops the lock). Three system calls;
+// what gpulock's own acquire + release is compared with, in the same run.
+inline void kernel_floor_lease(benchmark::State& state) {
+  TempDir scratch;
+  const std::string path = (scratch.path() / "gpu-floor.lock").string();
+  const int made = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (made < 0) {
+    state.SkipWithError("cannot create the lock file");
+    return;
+  }
+  ::close(made);
+  for (auto _ : state) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    struct flock lock {};
+    lock.l_type = F_WRLCK;
+    lock.l_whence = SEEK_SET;
+    if (fd < 0 || ::fcntl(fd, F_OFD_SETLK, &lock) != 0) state.SkipWithError("open or lock failed");
+    ::close(fd);
+  }
 }
 
 }  // namespace gpulock_bench

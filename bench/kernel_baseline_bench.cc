@@ -6,6 +6,8 @@
 //     IN_CLOSE_WRITE at once asks F_OFD_GETLK whether the lock is gone. Counts how often the
 //     lock is still there when the event arrives (still_locked), i.e. how often a waiter that
 //     trusts the event alone would go back to sleep. Times the wake-up.
+//   BM_KernelFloorLease: open + F_OFD_SETLK + close of a lock file, the least an uncontended
+//     lease can cost (also in acquire_release_bench, to compare in one run).
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/inotify.h>
@@ -136,6 +138,15 @@ void BM_CloseWriteEvent(benchmark::State& state) {
   gpulock_bench::add_percentile_counters(state, std::move(samples));
 }
 BENCHMARK(BM_CloseWriteEvent)->UseManualTime()->Iterations(5000)->Unit(benchmark::kMicrosecond);
+
+// The floor of an uncontended lease: open + F_OFD_SETLK + close (bench_support.h).
+void BM_KernelFloorLease(benchmark::State& state) {
+  gpulock_bench::kernel_floor_lease(state);
+}
+BENCHMARK(BM_KernelFloorLease)
+    ->Unit(benchmark::kMicrosecond)
+    ->Repetitions(10)
+    ->ReportAggregatesOnly(true);
 
 }  // namespace
 
