@@ -116,8 +116,9 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     return true;
   };
 
-  // This request as the queue sees it; registered only if it has to wait.
-  Ticket wanted = ticket_for_request(request, needed, user);
+  // This request as the queue sees it; made when first planned (the fast path needs none),
+  // registered only if it has to wait.
+  Ticket wanted;
 
   ChannelLoan channel(*this);
   OwnTicket ticket;
@@ -232,19 +233,28 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       // The common case, one GPU of any with nobody waiting and no limits: the first free
       // healthy candidate is the plan's choice, so probe no further than that.
       if (!others_wait && !any_gpu_limit && request.gpus.empty() && needed == 1) {
+        // Locking is the probe: a held GPU refuses the non-blocking lock, and we try the next.
         for (const Device* d : candidates) {
           if (!unready_reason(*d, request).empty()) continue;
-          const LockState p = probe(d->uuid, false);
-          if (!p.error.empty()) break;  // let the plan below explain it
-          if (p.locked) continue;
           bool replaced = false;
-          if (std::optional<Lease> lease = try_lock({d}, request, replaced)) {
+          std::optional<Lease> lease;
+          try {
+            lease = try_lock({d}, request, replaced);
+          } catch (const Error&) {
+            break;  // an unusable lock file (a planted symlink, ...): the plan below explains it
+          }
+          if (lease) {
             ticket.leave();
             note_served();
             return std::move(*lease);
           }
-          break;
+          if (replaced) break;
         }
+      }
+      if (wanted.id.empty()) {
+        std::vector<std::string> chosen = std::move(wanted.candidates);
+        wanted = ticket_for_request(request, needed, user);
+        wanted.candidates = std::move(chosen);
       }
       std::vector<IndexEntry> gone;
       snapshot = plan(devices, listing, ticket ? nullptr : &wanted,

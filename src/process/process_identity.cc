@@ -128,8 +128,12 @@ std::string user_name(uid_t uid) {
 }
 
 std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
+  // Read once per process: every lease record names it.
+  static const std::string name = [] {
+    char buffer[256] = {};
+    if (::gethostname(buffer, sizeof buffer - 1) != 0) return std::string("unknown");
+    return std::string(buffer);
+  }();
   return name;
 }
 
