@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -175,6 +176,11 @@ TEST_F(WaitChannelTest, WatchReleasesTwiceWatchesOnce) {
 pid_t SpawnSleeper() {
   const pid_t child = ::fork();
   if (child == 0) {
+    // Never outlives the test (an ASSERT that returns early skips its KillAndReap), and never
+    // holds the test's output open: ctest waits for that to close.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    const int null = ::open("/dev/null", O_RDWR);
+    for (int fd = 0; fd <= 2; ++fd) ::dup2(null, fd);
     while (true) ::pause();
   }
   return child;
@@ -291,6 +297,7 @@ TEST_F(WaitChannelTest, NothingHappeningWithEverySourceSetTimesOut) {
   const auto start = Clock::now();
   const WaitChannel::Wakeup woke = channel_.wait(mine.wake_fd(), milliseconds(300));
   const auto waited = Clock::now() - start;
+  KillAndReap(other);
   EXPECT_TRUE(woke.timed_out());
   EXPECT_GE(waited, milliseconds(290));
   EXPECT_LT(waited, std::chrono::seconds(3));
