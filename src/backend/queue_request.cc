@@ -31,6 +31,10 @@ Ticket ticket_for_request(const LeaseRequest& request, std::size_t needed,
 }
 
 PlanRequest plan_request_for(const Ticket& t, const Config& config) {
+  return plan_request_for(t, config.limits_for(t.user));
+}
+
+PlanRequest plan_request_for(const Ticket& t, const UserLimits& limits) {
   PlanRequest r;
   r.seq = t.seq;
   r.uid = t.uid;
@@ -39,7 +43,7 @@ PlanRequest plan_request_for(const Ticket& t, const Config& config) {
   r.named_gpus = t.named_gpus;
   r.entered_over_limit = t.entered_over_limit;
   r.candidates = t.candidates;
-  r.limits = config.limits_for(t.user);
+  r.limits = limits;
   return r;
 }
 

@@ -19,6 +19,8 @@ namespace gpulock {
 Ticket ticket_for_request(const LeaseRequest& request, std::size_t needed, const std::string& user);
 // A ticket as the planner sees it (without health and fair-share history).
 PlanRequest plan_request_for(const Ticket& ticket, const Config& config);
+// The same, with its user's limits looked up already.
+PlanRequest plan_request_for(const Ticket& ticket, const UserLimits& limits);
 
 // The health filters of a ticket, as a request, to judge devices by.
 LeaseRequest health_filters_of(const Ticket& ticket);

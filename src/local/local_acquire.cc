@@ -41,8 +41,11 @@ constexpr std::chrono::milliseconds kQuickRechecks[] = {
 // How many of the oldest waiters follow releases and departures (see wait_channel.h): with
 // three, a departure is acted on even when two of them are stopped.
 constexpr std::size_t kDispatchers = 3;
-// How long the backup dispatchers wait before they act on a release or departure.
-constexpr std::chrono::milliseconds kBackupDelay{2};
+// How long the backup dispatchers wait before they act on a release or departure: long enough
+// for the oldest waiter (or the one whose watched holder just ended) to plan and take its GPUs,
+// so that the backups then find every GPU held and need not plan at all; short enough to hand
+// a GPU on quickly when the oldest waiter is stopped.
+constexpr std::chrono::milliseconds kBackupDelay{20};
 
 // Others hold the machine-wide acquire mutex for microseconds. Even a request that does not
 // wait gets this long before it concludes that something is wrong with the mutex's holder.
@@ -136,7 +139,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     for (const auto& id : now)
       if (queue && id != wanted.id &&
           std::find(seen_dispatchers.begin(), seen_dispatchers.end(), id) == seen_dispatchers.end())
-        queue->wake(id);
+        queue->wake(id, WakeReason::kDispatcher);
     seen_dispatchers = std::move(now);
   };
   std::string last_progress;
@@ -162,6 +165,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   bool dispatcher = false;
   bool backup_dispatcher = false;  // a dispatcher other than the oldest waiter
   bool recheck_cheaply = false;
+  bool promoted = false;  // told it is a dispatcher now, with nothing else to plan for
 
   while (true) {
     const std::vector<Device> devices = source_->devices();
@@ -201,6 +205,17 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     // changed who is served, the last plan stands, and a hand-off costs one plan however many
     // dispatchers hear of it. (The released lock may not be dropped yet when the event comes;
     // the quick re-checks look again.)
+    if (promoted && ticket) {
+      // Made a dispatcher by a waiter that left: follow releases and departures from now on,
+      // then look whether any GPU is free, as any dispatcher that starts to watch does.
+      if (!dispatcher) {
+        dispatcher = backup_dispatcher = true;
+        channel->watch_releases(dir_.fd(), true);
+        if (QueueDirectory* queue = queue_dir(false)) channel->watch_departures(queue->fd(), true);
+      }
+      recheck_cheaply = true;
+    }
+    promoted = false;
     const bool skip_plan =
         recheck_cheaply && planned && ticket && !waiting_limits && every_gpu_held(devices);
     recheck_cheaply = false;
@@ -307,7 +322,11 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         if (std::optional<Lease> lease = try_lock(chosen, request, replaced)) {
           if (ticket) {
             tell_new_dispatchers(listing.live, /*leaving=*/true);
-            queue_dir(false)->wake_successor(ticket.ticket().seq, &listing);
+            // The waiter after us watched our process; a dispatcher hears our departure anyway
+            // (and re-wires when our process ends), others must be told.
+            std::size_t k = 0;
+            while (k < listing.live.size() && listing.live[k].id != wanted.id) ++k;
+            if (k >= kDispatchers) queue_dir(false)->wake_successor(ticket.ticket().seq, &listing);
           }
           ticket.leave();
           note_served();
@@ -461,27 +480,36 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       // The kernel reports a close just before it drops the closed file's lock (a lease's,
       // or a dead waiter's ticket's): look again shortly after any wake-up.
       if (!woke.timed_out()) quick_rechecks = static_cast<int>(std::size(kQuickRechecks));
-      event |= !woke.timed_out();
+      event |= !woke.timed_out() && !woke.promoted;
       must_plan |= woke.woken || woke.watched_ended;
+      promoted |= woke.promoted;
       // The waiter this one watches ended (the pidfd fired and stopped watching it).
       if (!woke.timed_out() && watching && !channel->watching_process()) {
         watched_gone = watching;
         watching.reset();
       }
-      if (!woke.timed_out() && backup_dispatcher) {
+      if (!woke.timed_out() && backup_dispatcher && !must_plan) {
         // The oldest waiter normally handles this at once; the others are its backups (for
         // when it is stopped) and give it, and the waiter it serves, the mutex first.
-        const WaitChannel::Wakeup later = channel->wait(ticket.wake_fd(), kBackupDelay);
-        must_plan |= later.woken || later.watched_ended;
-        if (later.watched_ended && watching) {
-          watched_gone = watching;
-          watching.reset();
+        // The whole delay, not until the next event: in a busy queue events come every few
+        // milliseconds, and the backups would plan at each.
+        const auto until = Clock::now() + kBackupDelay;
+        for (auto left = kBackupDelay; !must_plan && left.count() > 0;
+             left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now())) {
+          const WaitChannel::Wakeup later = channel->wait(ticket.wake_fd(), left);
+          must_plan |= later.woken || later.watched_ended;
+          promoted |= later.promoted;
+          if (later.watched_ended && watching) {
+            watched_gone = watching;
+            watching.reset();
+          }
         }
       }
       const auto now = Clock::now();
       if (!woke.timed_out() || now >= wake_at || now >= deadline || hooks.progress_refresh) break;
     }
     recheck_cheaply = dispatcher && !must_plan && (event || quick);
+    if (must_plan) promoted = false;
   }
 }
 

@@ -47,13 +47,22 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
   std::vector<PlanRequest> requests;
   requests.reserve(snapshot.tickets.size());
   snapshot.unhealthy_reasons.resize(snapshot.tickets.size());
+  // A queue of thousands is mostly one user's: look the name and limits up once per user.
+  std::optional<uid_t> last_uid;
+  std::string last_user;
+  UserLimits last_limits;
   for (std::size_t i = 0; i < snapshot.tickets.size(); ++i) {
     Ticket& t = snapshot.tickets[i];
     // Tickets listed from the index carry only what orders the queue, except our own.
     const bool from_index = i < listing.index.size();
     if (from_index && own && t.id == own->id) t = *own;
-    t.user = user_of(t.uid);  // the name this machine gives the ticket's owner
-    PlanRequest r = plan_request_for(t, config_);
+    if (last_uid != t.uid) {
+      last_uid = t.uid;
+      last_user = user_of(t.uid);  // the name this machine gives the ticket's owner
+      last_limits = config_.limits_for(last_user);
+    }
+    t.user = last_user;
+    PlanRequest r = plan_request_for(t, last_limits);
     r.details_pending = from_index && !(own && t.id == own->id);
     // A request that has not registered does not wait yet: the waiting limit is not its
     // concern until it must (acquire() decides then).

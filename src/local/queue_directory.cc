@@ -314,14 +314,14 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
   return own;
 }
 
-void QueueDirectory::wake(const std::string& ticket_id) const {
+void QueueDirectory::wake(const std::string& ticket_id, WakeReason reason) const {
   // Non-blocking: with no reader (the waiter is gone) the open fails with ENXIO at once.
   UniqueFd fifo(::openat(fd(), wake_name(ticket_id).c_str(),
                          O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY));
   if (!fifo) return;
   struct stat st {};
   if (::fstat(fifo.get(), &st) != 0 || !S_ISFIFO(st.st_mode)) return;
-  const char byte = 1;
+  const char byte = static_cast<char>(reason);
   [[maybe_unused]] const ssize_t ignored = ::write(fifo.get(), &byte, 1);  // full: already woken
 }
 
@@ -335,7 +335,7 @@ QueueDirectory::Listing QueueDirectory::list_index() const {
   Listing listing;
   listing.contents = index().read();
   listing.highest_seq = listing.contents.next_seq - 1;
-  listing.index = listing.contents.entries;
+  listing.index = std::move(listing.contents.entries);  // enter() needs only the rest
   listing.live.reserve(listing.index.size());
   for (const IndexEntry& e : listing.index) {
     Ticket t;

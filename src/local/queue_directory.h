@@ -29,6 +29,12 @@
 
 namespace gpulock {
 
+// What a byte written to a waiter's wake FIFO asks of it.
+enum class WakeReason : char {
+  kPlan = 1,        // plan the queue again (it may be served)
+  kDispatcher = 2,  // it is one of the three oldest now: follow releases (no plan needed)
+};
+
 // This process's registration in the queue. Destroying it leaves the queue (the files go).
 class OwnTicket {
  public:
@@ -121,7 +127,7 @@ class QueueDirectory {
   bool is_live(const std::string& ticket_id) const;
 
   // Wakes the waiter of that ticket; does nothing if it is gone.
-  void wake(const std::string& ticket_id) const;
+  void wake(const std::string& ticket_id, WakeReason reason = WakeReason::kPlan) const;
 
   // A path under which inotify can watch that ticket (through this directory's descriptor).
   std::string watch_path(const std::string& ticket_id) const;

@@ -53,13 +53,15 @@ static_assert(sizeof(RawHeader) == kRecordSize);
 constexpr std::uint8_t kNamedGpus = 1;
 constexpr std::uint8_t kOverLimit = 2;
 
-// FNV-1a over every byte before the checksum, so that a torn or half-forged slot fails it.
+// A 64-bit mix of every word before the checksum, so that a torn or half-forged slot fails it.
 std::uint64_t checksum(const RawSlot& slot) {
-  const auto* bytes = reinterpret_cast<const unsigned char*>(&slot);
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (std::size_t i = 0; i < offsetof(RawSlot, check); ++i) {
-    h ^= bytes[i];
-    h *= 0x100000001b3ull;
+  std::uint64_t words[offsetof(RawSlot, check) / 8];
+  std::memcpy(words, &slot, sizeof words);
+  std::uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (const std::uint64_t w : words) {
+    h ^= w;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
   }
   return h | 1;  // never 0, so that an all-zero slot never passes
 }

@@ -20,9 +20,20 @@ namespace {
 
 constexpr std::chrono::milliseconds kPollInterval{100};
 
-void drain_fd(int fd) {
+// Empties the wake FIFO, noting what its bytes asked: byte 2 only says "you are a dispatcher
+// now" (QueueDirectory's WakeReason); any other byte asks for a plan.
+void drain_wakeups(int fd, WaitChannel::Wakeup& woke) {
   char buffer[256];
-  while (fd >= 0 && ::read(fd, buffer, sizeof buffer) > 0) {
+  ssize_t n = 0;
+  while (fd >= 0 && (n = ::read(fd, buffer, sizeof buffer)) > 0) {
+    for (ssize_t i = 0; i < n; ++i) {
+      if (buffer[i] == 2) {
+        woke.promoted = true;
+      } else {
+        woke.woken = true;
+      }
+      woke.queue_change = true;
+    }
   }
 }
 
@@ -138,7 +149,7 @@ WaitChannel::Wakeup WaitChannel::wait(int wake_fd, std::chrono::milliseconds tim
     // interrupt check runs now rather than at its next poll.
     if (ready < 0) break;
     if (ready == 0) continue;  // (ends the loop if something is known already)
-    if (wake_at < 3 && (p[wake_at].revents & POLLIN) != 0) woke.queue_change = woke.woken = true;
+    if (wake_at < 3 && (p[wake_at].revents & POLLIN) != 0) drain_wakeups(wake_fd, woke);
     if (process_at < 3 && p[process_at].revents != 0) {
       // The watched waiter ended: its descriptor stays readable, so stop watching it.
       woke.queue_change = woke.watched_ended = true;
@@ -151,7 +162,7 @@ WaitChannel::Wakeup WaitChannel::wait(int wake_fd, std::chrono::milliseconds tim
       woke.queue_change |= events.queue_change;
     }
   }
-  drain_fd(wake_fd);
+  drain_wakeups(wake_fd, woke);
   if (polling && woke.timed_out() && timeout >= kPollInterval)
     woke.release = woke.queue_change = woke.woken = true;  // polling: anything may have happened
   return woke;

@@ -52,7 +52,8 @@ class WaitChannel {
   struct Wakeup {
     bool release = false;        // a lease ended (or events were lost)
     bool queue_change = false;   // the watched waiter ended, a waiter left, or someone woke us
-    bool woken = false;          // someone woke us through the wake FIFO
+    bool woken = false;          // someone woke us through the wake FIFO to plan again
+    bool promoted = false;       // ... or only to say we are a dispatcher now (byte 2)
     bool watched_ended = false;  // the watched waiter's process ended
     bool timed_out() const { return !release && !queue_change; }
   };

@@ -78,13 +78,24 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
     }
   }
 
-  std::vector<std::size_t> order(requests.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    if (held_back[a] != held_back[b]) return !held_back[a];
-    if (held_back[a]) return requests[a].seq < requests[b].seq;
-    return keys[a].tie() < keys[b].tie();
+  // Sorted as one flat key per request (held-back ones last, by arrival), for a queue of
+  // thousands sorted at every plan.
+  struct Sortable {
+    bool held_back;
+    OrderKey key;
+    std::size_t index;
+  };
+  std::vector<Sortable> sortable(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    sortable[i] = Sortable{held_back[i], keys[i], i};
+    if (held_back[i]) sortable[i].key = OrderKey{0, 0, 0, requests[i].seq};
+  }
+  std::sort(sortable.begin(), sortable.end(), [](const Sortable& a, const Sortable& b) {
+    if (a.held_back != b.held_back) return !a.held_back;
+    return a.key.tie() < b.key.tie();
   });
+  std::vector<std::size_t> order(requests.size());
+  for (std::size_t i = 0; i < sortable.size(); ++i) order[i] = sortable[i].index;
 
   // Walk the order over the free GPUs. claimed_by: a free GPU given or reserved, and to whom.
   std::set<std::string> free;

@@ -118,9 +118,10 @@ def test_release_refuses_a_forged_record_naming_another_process(gl):
 def _index_slot(seq, ticket_id, uid, pid, needed=1):
     """One slot of the queue's index (src/local/queue_index.cc), checksum included."""
     body = struct.pack("=Q16sIiQIBB10x", seq, ticket_id.encode(), uid, pid, 0, needed, 0, 0)
-    h = 0xcbf29ce484222325
-    for byte in body:
-        h = ((h ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    h = 0x9e3779b97f4a7c15
+    for (word,) in struct.iter_unpack("=Q", body):
+        h = ((h ^ word) * 0xff51afd7ed558ccd) & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 33
     return body + struct.pack("=Q", h | 1)
 
 
