@@ -8,9 +8,8 @@
 
 namespace gpulock {
 
-// The acquire script computes the next token with Lua numbers (doubles), which count exactly
-// only up to 2^53: above that, two leases could get the same token.
-inline constexpr std::uint64_t kExactTokenLimit = std::uint64_t{1} << 53;
+// The largest token: the acquire script counts in decimal text up to it, and issues none after.
+inline constexpr std::uint64_t kLastFencingToken = ~std::uint64_t{0};
 
 // The token in `text`: 1 to 20 decimal digits, no sign, no leading zero, at most 2^64 - 1.
 // nullopt for anything else.

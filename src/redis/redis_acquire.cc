@@ -126,8 +126,8 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   std::string last_progress;
   bool first_round = true;
   bool warned_unreachable = false;
-  bool has_waited = false;     // registered in the queue at least once
-  bool token_garbage = false;  // the pool's token counter is unusable: retrying cannot help
+  bool has_waited = false;      // registered in the queue at least once
+  bool token_unusable = false;  // the pool's token counter is unusable: retrying cannot help
 
   while (true) {
     try {
@@ -264,6 +264,16 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         const auto sent = Clock::now();
         const RedisValue reply =
             connection->run(redis_scripts::kAcquire, {settings_.version_key()}, args);
+        if (reply.elements.size() == 2 && reply.elements[0].text == "exhausted") {
+          // The script wrote nothing: no lock is left behind, and waiting cannot help.
+          token_unusable = true;
+          throw Error(ErrorCode::kEnvironment,
+                      fmt::format("pool '{}': its fencing-token counter ({}token) is at {}, the "
+                                  "largest 64-bit token, so no lease can get a larger one; an "
+                                  "administrator must repair the pool (see `gpulock doctor`)",
+                                  settings_.pool, settings_.prefix(),
+                                  sanitize_for_display(reply.elements[1].text, 40)));
+        }
         if (!reply.elements.empty() && reply.elements[0].text == "ok" &&
             reply.elements.size() == 2 + chosen.size()) {
           ticket.id.clear();  // the script removed it
@@ -274,7 +284,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
             std::vector<std::string> release_args{lease_id};
             for (const Gpu* g : chosen) release_args.push_back(g->device.uuid);
             connection->run(redis_scripts::kRelease, {settings_.version_key()}, release_args);
-            token_garbage = true;
+            token_unusable = true;
             throw Error(ErrorCode::kEnvironment,
                         fmt::format("pool '{}': its fencing-token counter ({}token) gave '{}', "
                                     "which is not a 64-bit count, so the lease was given back; "
@@ -401,7 +411,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       // Redis went away while this request waits in the queue: keep waiting (its ticket expires
       // meanwhile, so it joins again at the back), retrying every second until the deadline.
       // Before the request has waited, an unreachable server is an error (exit 69).
-      if (error.code() != ErrorCode::kEnvironment || !has_waited || token_garbage) throw;
+      if (error.code() != ErrorCode::kEnvironment || !has_waited || token_unusable) throw;
       if (Clock::now() >= deadline) throw;
       if (!warned_unreachable)
         std::fprintf(stderr, "gpulock: warning: %s; still waiting, retrying every second\n",

@@ -29,7 +29,8 @@ std::string info_field(const std::string& info, const std::string& name) {
 std::string expected_type(const std::string& key, const std::string& prefix) {
   const std::string rest = key.substr(prefix.size());
   const auto starts = [&](const char* p) { return rest.starts_with(p); };
-  if (rest == "version" || rest == "token" || rest == "queue_seq") return "string";
+  if (rest == "version" || rest == "token" || rest == "token_copy" || rest == "queue_seq")
+    return "string";
   if (rest == "hosts" || rest == "queue") return "zset";
   if (starts("host:") || starts("gpu:") || starts("lease:") || starts("ticket:")) return "hash";
   if (starts("gpus:")) return "set";
@@ -138,26 +139,40 @@ std::vector<DoctorCheck> RedisBackend::doctor() {
                        "set back)");
     }
 
-    // The fencing-token counter: read back as untrusted input.
-    const RedisValue token = connection->command({"GET", settings_.prefix() + "token"});
-    if (token.is_nil()) {
-      add(Level::kOk, "fencing tokens", "none given out yet in this pool");
-    } else if (const auto last = token.type == RedisValue::Type::kString
-                                     ? parse_fencing_token(token.text)
-                                     : std::nullopt;
-               !last) {
+    // The fencing-token counter and its copy: read back as untrusted input. The acquire script
+    // ignores a copy that is garbage and counts on from the other one (or the server's time).
+    std::vector<std::string> unusable;
+    std::optional<std::uint64_t> last;
+    for (const char* name : {"token", "token_copy"}) {
+      const RedisValue value = connection->command({"GET", settings_.prefix() + name});
+      if (value.is_nil()) continue;
+      const auto count =
+          value.type == RedisValue::Type::kString ? parse_fencing_token(value.text) : std::nullopt;
+      if (!count) {
+        unusable.push_back(fmt::format(
+            "{}{} holds {}", settings_.prefix(), name,
+            value.is_error() ? std::string("a value of the wrong type")
+                             : "'" + sanitize_for_display(value.text, 40) + "', not a count"));
+      } else if (!last || *count > *last) {
+        last = count;
+      }
+    }
+    if (!unusable.empty()) {
       add(Level::kFailed, "fencing tokens",
-          fmt::format("{}token holds {}, not a count: new leases may get tokens no larger than "
-                      "earlier ones. Set it (SET) to a number above every token given out, e.g. "
-                      "the current time in microseconds",
-                      settings_.prefix(),
-                      token.is_error() ? std::string("a value of the wrong type")
-                                       : "'" + sanitize_for_display(token.text, 40) + "'"));
-    } else if (*last >= kExactTokenLimit) {
+          fmt::format("{}: acquires ignore it and count on from {}. Set it (SET) to a number "
+                      "above every token given out, e.g. the current time in microseconds",
+                      fmt::join(unusable, "; "),
+                      last ? fmt::format("the other copy, {}", *last)
+                           : std::string("the server's time in microseconds, which gives a token "
+                                         "again if an earlier one was larger")));
+    } else if (last && *last == kLastFencingToken) {
       add(Level::kFailed, "fencing tokens",
-          fmt::format("{}token is {}, at or above 2^53, where the acquire script cannot count "
-                      "exactly: two leases could get the same token",
+          fmt::format("{}token is {}, the largest 64-bit token: every acquire fails until an "
+                      "administrator starts the pool's tokens anew (and its jobs' storage accepts "
+                      "smaller tokens)",
                       settings_.prefix(), *last));
+    } else if (!last) {
+      add(Level::kOk, "fencing tokens", "none given out yet in this pool");
     } else {
       add(Level::kOk, "fencing tokens", fmt::format("the last one given out is {}", *last));
     }

@@ -9,7 +9,6 @@ namespace {
   "local P = string.sub(KEYS[1], 1, -8)\n"                                     \
   "local T = redis.call('TIME')\n"                                             \
   "local now_ms = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)\n" \
-  "local now_us = tonumber(T[1]) * 1000000 + tonumber(T[2])\n"                 \
   "local function get(k)\n"                                                    \
   "  local v = redis.pcall('GET', k)\n"                                        \
   "  if type(v) == 'table' then return '!garbage' end\n"                       \
@@ -29,6 +28,39 @@ namespace {
   "local function own_key(k, kind)\n"                                          \
   "  local t = redis.call('TYPE', k).ok\n"                                     \
   "  if t ~= kind and t ~= 'none' then redis.call('DEL', k) end\n"             \
+  "end\n"
+
+// Fencing tokens in exact decimal text, never Lua numbers (doubles, exact only below 2^53). The
+// `token` key and its copy `token_copy` are read as untrusted input: a value that is not 1 to 20
+// digits without a leading zero, at most 2^64 - 1, or a key of the wrong type, counts as absent.
+#define GPULOCK_LUA_TOKENS                                                      \
+  "local TOKEN_MAX = '18446744073709551615'\n"                                  \
+  "local TOKEN_KEYS = {P .. 'token', P .. 'token_copy'}\n"                      \
+  "local function token_less(a, b)\n"                                           \
+  "  if #a ~= #b then return #a < #b end\n"                                     \
+  "  for i = 1, #a do\n"                                                        \
+  "    local x, y = string.byte(a, i), string.byte(b, i)\n"                     \
+  "    if x ~= y then return x < y end\n"                                       \
+  "  end\n"                                                                     \
+  "  return false\n"                                                            \
+  "end\n"                                                                       \
+  "local function token_of(v)\n"                                                \
+  "  if type(v) ~= 'string' or #v == 0 or #v > 20 then return nil end\n"        \
+  "  if not string.find(v, '^%d+$') then return nil end\n"                      \
+  "  if #v > 1 and string.byte(v, 1) == 48 then return nil end\n"               \
+  "  if token_less(TOKEN_MAX, v) then return nil end\n"                         \
+  "  return v\n"                                                                \
+  "end\n"                                                                       \
+  "local function token_next(v)\n"                                              \
+  "  if v == TOKEN_MAX then return nil end\n"                                   \
+  "  local i = #v\n"                                                            \
+  "  while i > 0 and string.byte(v, i) == 57 do i = i - 1 end\n"                \
+  "  if i == 0 then return '1' .. string.rep('0', #v) end\n"                    \
+  "  return string.sub(v, 1, i - 1) .. string.char(string.byte(v, i) + 1) ..\n" \
+  "         string.rep('0', #v - i)\n"                                          \
+  "end\n"                                                                       \
+  "local function read_token(k)\n"                                              \
+  "  return token_of(redis.pcall('GET', k))\n"                                  \
   "end\n"
 
 }  // namespace
@@ -125,7 +157,7 @@ if version == '' then version = '0' end
 return {version, now_ms, hosts_out, gpus_out, leases_out, tickets_out}
 )lua"};
 
-const RedisScript kAcquire{"acquire", GPULOCK_LUA_PRELUDE R"lua(
+const RedisScript kAcquire{"acquire", GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS R"lua(
 local id, ttl, expected = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local needed, mode = tonumber(ARGV[4]), ARGV[5]
 if expected ~= '' then
@@ -153,11 +185,18 @@ for i = 10, #ARGV do
 end
 if #chosen < needed then return {'busy'} end
 if redis.call('EXISTS', P .. 'lease:' .. id) == 1 then return {'busy'} end
-local token = now_us
-local last = tonumber(get(P .. 'token'))
-if last and last + 1 > token then token = last + 1 end
-local token_text = string.format('%.0f', token)
-redis.call('SET', P .. 'token', token_text)
+-- The next token: above the last one issued (either copy that is valid) and at least the
+-- server's time in microseconds. Past 2^64 - 1 there is none: fail before writing anything.
+local token_text = token_of(T[1] .. string.format('%06d', tonumber(T[2]))) or '1'
+for _, k in ipairs(TOKEN_KEYS) do
+  local last = read_token(k)
+  if last then
+    local after = token_next(last)
+    if not after then return {'exhausted', last} end
+    if token_less(token_text, after) then token_text = after end
+  end
+end
+for _, k in ipairs(TOKEN_KEYS) do redis.call('SET', k, token_text) end
 for _, uuid in ipairs(chosen) do redis.call('SET', P .. 'lock:' .. uuid, id, 'PX', ttl) end
 own_key(P .. 'lease:' .. id, 'hash')
 redis.call('HSET', P .. 'lease:' .. id, 'record', ARGV[6], 'token', token_text,
@@ -201,7 +240,7 @@ if released > 0 or existed > 0 then bump('release') end
 return released
 )lua"};
 
-const RedisScript kRenew{"renew", GPULOCK_LUA_PRELUDE R"lua(
+const RedisScript kRenew{"renew", GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS R"lua(
 local id, ttl = ARGV[1], tonumber(ARGV[2])
 if redis.call('EXISTS', P .. 'ended:' .. id) == 1 then return {'lost', '', 'released'} end
 for i = 7, #ARGV do
@@ -226,8 +265,13 @@ end
 redis.call('HSET', lease, 'record', ARGV[4], 'token', ARGV[3], 'gpus', table.concat(uuids, ','),
            'user', ARGV[5], 'host', ARGV[6], 'ttl', ARGV[2])
 redis.call('PEXPIRE', lease, ttl)
-local last = tonumber(get(P .. 'token'))
-if not last or last < tonumber(ARGV[3]) then redis.call('SET', P .. 'token', ARGV[3]) end
+local held = token_of(ARGV[3])
+if held then
+  for _, k in ipairs(TOKEN_KEYS) do
+    local last = read_token(k)
+    if not last or token_less(last, held) then redis.call('SET', k, held) end
+  end
+end
 if restored then
   bump('renew')
   return {'restored'}
@@ -257,6 +301,7 @@ bump('leave')
 return 0
 )lua"};
 
+#undef GPULOCK_LUA_TOKENS
 #undef GPULOCK_LUA_PRELUDE
 
 }  // namespace gpulock::redis_scripts

@@ -29,8 +29,11 @@ extern const RedisScript kSnapshot;
 // ARGV: lease id, ttl ms, expected version ("" = only if nobody waits), needed, "all"|"any",
 // record (JSON), user, host, ticket id (""), candidate UUIDs in preference order...
 // Takes `needed` free candidates (all of them with "all"), or none. Returns
-// {"ok", token, UUIDs...}, {"busy"}, {"queue"} (someone waits: plan first) or {"stale"}
-// (the version moved since the caller's snapshot: plan again).
+// {"ok", token, UUIDs...}, {"busy"}, {"queue"} (someone waits: plan first), {"stale"}
+// (the version moved since the caller's snapshot: plan again) or {"exhausted", last token}
+// (the last token issued is 2^64 - 1: no next one; nothing was written). The token is decimal
+// text, one above the larger valid one of `token` and `token_copy` (garbage in either is
+// ignored) and at least the server's time in microseconds; both keys get it.
 extern const RedisScript kAcquire;
 
 // ARGV: lease id, then its UUIDs (none: those the lease's record lists). Deletes each lock that
@@ -43,8 +46,8 @@ extern const RedisScript kRelease;
 // ARGV: lease id, ttl ms, token, record, user, host, UUIDs... Extends every lock that names this
 // lease; re-creates missing ones (the server restarted empty) when no other lease holds them.
 // Returns {"ok"}, {"restored"} or {"lost", UUID, holder} ({"lost", "", "released"} after a
-// release by someone else). Raises the token counter to at least
-// this lease's token.
+// release by someone else). Raises `token` and `token_copy` (any that is garbage, too) to at
+// least this lease's token.
 extern const RedisScript kRenew;
 
 // ARGV: ticket id, ttl ms, body (JSON), user. Joins the queue at the back; returns the seq.

@@ -388,28 +388,78 @@ def test_garbage_lease_record(rw):
                interval=0.2, what="GPU 0 to be free after its holder ended")
 
 
-@pytest.mark.parametrize("token", ["99999999999999999999", "18446744073709551616"])
-def test_a_token_beyond_64_bits_fails_cleanly_and_leaves_no_lock(rw, token):
+def lease_token(rw):
+    """Runs a one-GPU lease to its end; its GPULOCK_FENCING_TOKEN, exactly (an int)."""
+    result = rw.run("run", "-n", "1", "--no-wait", "--", "env")
+    assert_no_crash(result, "run -- env")
+    assert result.returncode == 0, result.stderr
+    text = read_env_output(result.stdout)["GPULOCK_FENCING_TOKEN"]
+    assert re.fullmatch(r"[1-9][0-9]*", text), text
+    return int(text)
+
+
+@pytest.mark.parametrize("start", [2 ** 53, 2 ** 53 + 1, 2 ** 63 - 1, 2 ** 64 - 2])
+def test_tokens_are_exact_over_the_whole_64_bit_range(rw, start):
+    # The acquire script counted with Lua numbers (doubles): from 2^53 on, two leases could get
+    # the same token, and 2^63 - 1 gave 9223372036854775808 twice.
+    rw.register("node-a", gpus=1)
+    rw.server.command("SET", rw.key("token"), str(start))
+    last = lease_token(rw)
+    assert last == start + 1
+    if last < 2 ** 64 - 1:
+        last = lease_token(rw)
+        assert last == start + 2
+    doctor = rw.run("doctor")
+    if last < 2 ** 64 - 1:
+        assert re.search(rf"ok\s+fencing tokens: the last one given out is {last}\n",
+                         doctor.stdout), doctor.stdout
+    else:
+        assert re.search(r"failed\s+fencing tokens: .*largest 64-bit token", doctor.stdout), \
+            doctor.stdout
+
+
+@pytest.mark.parametrize("damage", [("SET", "99999999999999999999"),
+                                    ("SET", "18446744073709551616"), ("SET", "not-a-number"),
+                                    ("SET", "-1"), ("RPUSH", "a-list"), ("HSET", "a", "hash")])
+def test_a_damaged_token_key_is_recovered_from_without_a_token_twice(rw, damage):
     # Such a key made every acquire fail with "internal error: stoull" (exit 70) and left the
-    # GPU's lock key written until its TTL ended; doctor called every key well-formed.
+    # GPU's lock key written until its TTL ended; one that is not a count let tokens start again
+    # from the server's time, below tokens already given out.
     uuids = rw.register("node-a", gpus=1)
-    rw.server.command("SET", rw.key("token"), token)
-    result = rw.run("run", "-n", "1", "--no-wait", "--", "true")
-    assert result.returncode == EX_UNAVAILABLE, result.stderr
-    assert "fencing-token counter" in result.stderr and "internal error" not in result.stderr, \
-        result.stderr
-    assert rw.server.command("GET", rw.lock_key(uuids[0])) is None, "a lock key was left behind"
+    rw.server.command("SET", rw.key("token"), str(2 ** 62))  # far above the server's time
+    issued = lease_token(rw)
+    assert issued == 2 ** 62 + 1
+    rw.server.command("DEL", rw.key("token"))
+    rw.server.command(damage[0], rw.key("token"), *damage[1:])
     doctor = rw.run("doctor")
     assert doctor.returncode != 0, doctor.stdout
-    assert re.search(r"failed\s+fencing tokens: .*token", doctor.stdout), doctor.stdout
-    # Repaired, the pool works again.
-    rw.server.command("SET", rw.key("token"), "1000")
-    assert rw.run_no_wait("-n", "1").returncode == 0
+    assert re.search(r"failed\s+fencing tokens: .*token holds", doctor.stdout), doctor.stdout
+    assert lease_token(rw) == issued + 1
+    assert rw.server.command("GET", rw.lock_key(uuids[0])) is None, "a lock key was left behind"
+    # The acquire repaired the key.
+    assert rw.server.command("GET", rw.key("token")) == str(issued + 1)
+    assert rw.run("doctor").returncode == 0
 
 
-def test_doctor_reports_a_garbage_or_inexact_token_key(rw):
+def test_no_token_after_the_last_64_bit_one(rw):
+    uuids = rw.register("node-a", gpus=1)
+    rw.server.command("SET", rw.key("token"), str(2 ** 64 - 1))
+    for args in (("--no-wait",), ("--timeout", "2s")):
+        result = rw.run("run", "-n", "1", *args, "--", "true")
+        assert result.returncode == EX_UNAVAILABLE, result.stderr
+        assert "fencing-token counter" in result.stderr and "internal error" not in \
+            result.stderr, result.stderr
+        assert rw.server.command("GET", rw.lock_key(uuids[0])) is None, \
+            "a lock key was left behind"
+    doctor = rw.run("doctor")
+    assert doctor.returncode != 0, doctor.stdout
+    assert re.search(r"failed\s+fencing tokens: .*largest 64-bit token", doctor.stdout), \
+        doctor.stdout
+
+
+def test_doctor_reports_a_garbage_token_key(rw):
     rw.register("node-a", gpus=1)
-    for value, words in (("not-a-number", "not a count"), (str(2 ** 53), "2^53")):
+    for value, words in (("not-a-number", "not a count"), (str(2 ** 64), "not a count")):
         rw.server.command("SET", rw.key("token"), value)
         doctor = rw.run("doctor")
         assert doctor.returncode != 0, doctor.stdout
@@ -418,6 +468,10 @@ def test_doctor_reports_a_garbage_or_inexact_token_key(rw):
     rw.server.command("RPUSH", rw.key("token"), "a-list")
     doctor = rw.run("doctor")
     assert "wrong type" in doctor.stdout, doctor.stdout
+    rw.server.command("DEL", rw.key("token"))
+    rw.server.command("SET", rw.key("token"), str(2 ** 53))  # counted exactly now
+    doctor = rw.run("doctor")
+    assert re.search(r"ok\s+fencing tokens", doctor.stdout), doctor.stdout
 
 
 def test_garbage_in_token_and_registry_keys(rw):

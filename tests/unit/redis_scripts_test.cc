@@ -7,10 +7,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpulock/error.hpp"
@@ -580,6 +582,101 @@ TEST_F(RedisScriptsTest, ATokenCounterHoldingGarbageDoesNotStopAcquire) {
   const auto third = Take("lease-3", {U(0)});
   ASSERT_EQ(third.at(0), "ok");
   EXPECT_GT(std::stoull(third[1]), std::stoull(second[1]));
+}
+
+// Tokens are decimal text in the scripts, never Lua numbers (doubles): exact to 2^64 - 1.
+TEST_F(RedisScriptsTest, FencingTokensAreExactOverTheWhole64BitRange) {
+  Register("h1", 2);
+  int n = 0;
+  for (const std::uint64_t start : {std::uint64_t{1} << 53, (std::uint64_t{1} << 53) + 1,
+                                    (std::uint64_t{1} << 63) - 1, ~std::uint64_t{0} - 2}) {
+    Cmd({"SET", keys_.token(), std::to_string(start)});
+    Cmd({"DEL", keys_.token_copy()});  // else tokens go on from the previous round's
+    std::uint64_t last = start;
+    for (int i = 0; i < 2; ++i, ++n) {
+      const std::string id = "lease-" + std::to_string(n);
+      const auto ok = Take(id, {U(i)});
+      ASSERT_EQ(ok.at(0), "ok") << start;
+      EXPECT_EQ(ok[1], std::to_string(last + 1)) << start;
+      EXPECT_EQ(Get(keys_.token()), ok[1]);
+      EXPECT_EQ(Get(keys_.token_copy()), ok[1]);
+      EXPECT_EQ(Hash(keys_.lease(id)).at("token"), ok[1]);
+      last = std::stoull(ok[1]);
+    }
+    Release("lease-" + std::to_string(n - 2), {});
+    Release("lease-" + std::to_string(n - 1), {});
+  }
+  EXPECT_EQ(Get(keys_.token()), "18446744073709551615");  // 2^64 - 1, the last one
+}
+
+TEST_F(RedisScriptsTest, NoTokenAfterTheLastOneAndNothingWritten) {
+  Register("h1", 1);
+  for (const auto& [token, copy] :
+       std::vector<std::pair<std::string, std::string>>{{"18446744073709551615", ""},
+                                                        {"12", "18446744073709551615"},
+                                                        {"garbage", "18446744073709551615"}}) {
+    Cmd({"FLUSHALL"});
+    Register("h1", 1);
+    Cmd({"SET", keys_.token(), token});
+    if (!copy.empty()) Cmd({"SET", keys_.token_copy(), copy});
+    const std::string version = Version();
+    EXPECT_EQ(Take("lease-x", {U(0)}),
+              (std::vector<std::string>{"exhausted", "18446744073709551615"}))
+        << token << " " << copy;
+    EXPECT_FALSE(Exists(keys_.lock(U(0))));
+    EXPECT_FALSE(Exists(keys_.lease("lease-x")));
+    EXPECT_EQ(Version(), version);
+    EXPECT_EQ(Get(keys_.token()), token);
+  }
+}
+
+// Garbage in the `token` key is ignored, never trusted: the copy keeps counting, so a token
+// above the server's time (which the garbage would have made the floor) is not given again.
+TEST_F(RedisScriptsTest, AGarbageTokenKeyNeverMakesATokenComeAgain) {
+  Register("h1", 1);
+  Cmd({"SET", keys_.token(), std::to_string(std::uint64_t{1} << 60)});
+  std::uint64_t last = std::uint64_t{1} << 60;
+  int n = 0;
+  const auto take = [&](const std::string& what) {
+    const std::string id = "lease-" + std::to_string(n++);
+    const auto ok = Take(id, {U(0)});
+    ASSERT_EQ(ok.at(0), "ok") << what;
+    EXPECT_EQ(ok[1], std::to_string(last + 1)) << what;
+    last = std::stoull(ok[1]);
+    Release(id, {});
+  };
+  take("a valid counter");
+  for (const std::string garbage : {"not-a-number", "99999999999999999999", "18446744073709551616",
+                                    "-5", "0012", "1e30", "", " 42"}) {
+    Cmd({"SET", keys_.token(), garbage});
+    take("token = '" + garbage + "'");
+  }
+  for (const std::string kind : {"list", "hash"}) {
+    Cmd({"DEL", keys_.token()});
+    if (kind == "list")
+      Cmd({"RPUSH", keys_.token(), "a"});
+    else
+      Cmd({"HSET", keys_.token(), "a", "b"});
+    take("token of type " + kind);
+  }
+  // The copy damaged instead: the `token` key keeps counting.
+  Cmd({"SET", keys_.token_copy(), "garbage"});
+  take("garbage in the copy");
+}
+
+TEST_F(RedisScriptsTest, RenewRaisesTheTokenCounterExactly) {
+  Register("h1", 1);
+  const auto ok = Take("lease-k", {U(0)});
+  ASSERT_EQ(ok.at(0), "ok");
+  // 2^53 + 1 is no double: a Lua number would read it as 2^53, equal to the counter.
+  Cmd({"SET", keys_.token(), "9007199254740992"});
+  Cmd({"SET", keys_.token_copy(), "9007199254740992"});
+  EXPECT_EQ(Renew("lease-k", 60000, "9007199254740993", {U(0)}).at(0), "ok");
+  EXPECT_EQ(Get(keys_.token()), "9007199254740993");
+  EXPECT_EQ(Get(keys_.token_copy()), "9007199254740993");
+  // A token that is no count (a damaged record) raises nothing.
+  EXPECT_EQ(Renew("lease-k", 60000, "99999999999999999999", {U(0)}).at(0), "ok");
+  EXPECT_EQ(Get(keys_.token()), "9007199254740993");
 }
 
 TEST_F(RedisScriptsTest, ALockKeyHoldingAHashIsGarbageAndNeverFree) {

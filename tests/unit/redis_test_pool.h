@@ -23,6 +23,7 @@ struct RedisPoolKeys {
   std::string ticket(const std::string& id) const { return prefix() + "ticket:" + id; }
   std::string ended(const std::string& id) const { return prefix() + "ended:" + id; }
   std::string token() const { return prefix() + "token"; }
+  std::string token_copy() const { return prefix() + "token_copy"; }
   std::string queue() const { return prefix() + "queue"; }
   std::string hosts() const { return prefix() + "hosts"; }
   std::string events() const { return prefix() + "events"; }
