@@ -144,6 +144,21 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       }
       // The whole pool: limits and fair share count every host's leases.
       const Snapshot snap = registered_snapshot(*connection, "", local_devices);
+      if (ticket.id.empty() && has_waited &&
+          std::any_of(snap.tickets.begin(), snap.tickets.end(),
+                      [&](const Ticket& t) { return t.id == wanted.id; })) {
+        // Our ticket is back after an outage (the server restarted with its data from an AOF
+        // or RDB): keep its place, and renew it at once. Left alone, it would stay in the queue
+        // ahead of everyone, given the free GPUs by every plan, until it expired silently.
+        ticket.id = wanted.id;
+        next_heartbeat = Clock::now();
+        if (!subscriber) {
+          // Subscribe before planning again, so that no release is missed.
+          subscriber = RedisConnection::connect(settings_.endpoint, call_budget());
+          subscriber->subscribe(settings_.prefix() + "events");
+          continue;
+        }
+      }
 
       // 1. Which GPUs could serve it at all.
       std::vector<std::string> known_hosts;
@@ -259,7 +274,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
                                       snap.version, std::to_string(chosen.size()),
                                       "all",        record_json,
                                       user,         gpu_host,
-                                      ticket.id};
+                                      wanted.id};  // our ticket, if the queue has it
         for (const Gpu* g : chosen) args.push_back(g->device.uuid);
         const auto sent = Clock::now();
         const RedisValue reply =
