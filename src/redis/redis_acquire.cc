@@ -391,6 +391,22 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       for (const Gpu* g : candidates)
         if (!g->lock.empty() && g->lock_ttl_ms >= 0)
           sleep = std::min(sleep, milliseconds(g->lock_ttl_ms) + kExpiryMargin);
+      // Nor is a ticket's: a request ahead that the plan gives (or reserves) free GPUs we could
+      // use takes them at once if its waiter lives, waking us; if it is gone (killed, or a ticket
+      // of before a restart, back from an AOF or RDB), wake when its ticket ends.
+      const std::size_t my_position = q.plan.position_of[me];
+      for (std::size_t at = 0; at < my_position; ++at) {
+        const Placement& ahead = q.plan.order[at];
+        if (ahead.request >= snap.ticket_ttl_ms.size() || snap.ticket_ttl_ms[ahead.request] < 0)
+          continue;
+        const bool wants_ours =
+            std::any_of(ahead.gpus.begin(), ahead.gpus.end(), [&](const auto& u) {
+              return std::any_of(candidates.begin(), candidates.end(),
+                                 [&](const Gpu* g) { return g->device.uuid == u; });
+            });
+        if (wants_ours)
+          sleep = std::min(sleep, milliseconds(snap.ticket_ttl_ms[ahead.request]) + kExpiryMargin);
+      }
       const auto wake_at = Clock::now() + sleep;
       while (true) {
         auto slice =

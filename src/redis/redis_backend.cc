@@ -179,7 +179,7 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
   }
 
   const RedisValue& tickets = element(reply, 5);
-  for (std::size_t i = 0; i + 4 < tickets.elements.size(); i += 5) {
+  for (std::size_t i = 0; i + 5 < tickets.elements.size(); i += 6) {
     const std::string& id = tickets.elements[i].text;
     std::optional<Ticket> ticket = parse_ticket(tickets.elements[i + 2].text);
     const auto seq = number<double>(tickets.elements[i + 1].text);
@@ -190,6 +190,7 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
     }
     ticket->seq = static_cast<std::uint64_t>(*seq);
     out.ticket_uids.push_back(ticket->uid);
+    out.ticket_ttl_ms.push_back(integer_of(tickets.elements[i + 5]));
     ticket->uid = plan_uid(ticket->user);
     if (const auto served = number<std::int64_t>(tickets.elements[i + 4].text))
       out.user_last_served[ticket->user] = *served;

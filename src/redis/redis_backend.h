@@ -72,6 +72,8 @@ class RedisBackend final : public LeaseBackend {
     std::map<std::string, LeaseEntry> leases;
     std::vector<Ticket> tickets;     // in arrival order; uid replaced by a per-user number
     std::vector<uid_t> ticket_uids;  // parallel: the uid the ticket's host gave
+    // Parallel: the ms left before the ticket expires unless its waiter renews it (-1: none).
+    std::vector<long long> ticket_ttl_ms;
     std::map<std::string, std::int64_t> user_last_served;
     std::vector<std::string> warnings;
   };

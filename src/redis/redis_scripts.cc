@@ -146,7 +146,8 @@ for i = 1, #members, 2 do
     local t = hmget(P .. 'ticket:' .. id, 'body', 'user')
     local served = ''
     if t[2] then served = get(P .. 'served:' .. t[2]) end
-    for _, v in ipairs({id, members[i + 1], t[1] or '', t[2] or '', served}) do
+    local ttl = redis.call('PTTL', P .. 'ticket:' .. id)
+    for _, v in ipairs({id, members[i + 1], t[1] or '', t[2] or '', served, ttl}) do
       table.insert(tickets_out, v)
     end
   end

@@ -22,7 +22,7 @@ extern const RedisScript kRegister;
 //   hosts:   flat {name, registered_at ms, info}... (every host, whatever the filter)
 //   gpus:    flat {uuid, host, info, readings, readings_at ms, lock value, lock pttl}...
 //   leases:  flat {id, record, token, pttl}... for every lease holding a listed GPU
-//   tickets: flat {id, seq, body, user, user last served ms}... in arrival order
+//   tickets: flat {id, seq, body, user, user last served ms, ticket pttl}... in arrival order
 // Drops queue entries whose ticket expired (dead waiters), bumping the version.
 extern const RedisScript kSnapshot;
 

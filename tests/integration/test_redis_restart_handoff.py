@@ -84,3 +84,45 @@ def test_waiters_are_served_soon_after_a_restart(gl, persistence):
         assert queue_length(rw) == 0
     finally:
         server.close()
+
+
+def test_a_ticket_of_before_the_snapshot_does_not_stall_the_queue(gl):
+    # An RDB saved while a waiter waited, loaded after that waiter was served and ended: its
+    # ticket comes back, nobody renews it, and every plan gave it the free GPUs until the
+    # waiters behind it re-checked after 10 s (a ticket's expiry publishes nothing).
+    server = server_for("rdb")
+    try:
+        rw = RedisWorld(gl, server)
+        rw.register("node-a", gpus=2)
+        holders = [rw.hold("-n", "1"), rw.hold("-n", "1")]
+        served = [rw.tmp / ("served-%d" % i) for i in range(WAITERS)]
+        waiters = [rw.spawn("run", "-n", "2", "--", "sh", "-c", SERVED_SCRIPT, "waiter", path)
+                   for path in served]
+        wait_until(lambda: queue_length(rw) == WAITERS, timeout=HANG, interval=0.05,
+                   what="every waiter to join the queue")
+        assert server.command("SAVE") == "OK"
+        for holder in holders:
+            holder.finish()
+        wait_until(lambda: any(path.exists() for path in served), timeout=HANG, interval=0.01,
+                   what="the first waiter to be served")
+        first = next(w for w, path in zip(waiters, served) if path.exists())
+        assert first.wait() == 0, first.describe()  # it ended: nobody renews its ticket again
+        server.kill()
+        time.sleep(TTL_SECONDS + 1.0)  # its lock (not in the RDB) and the holders' have expired
+        server.start()
+        up = time.time()
+        assert server.command("ZCARD", rw.key("queue")) == WAITERS, "the snapshot's queue"
+
+        def all_served():
+            for w in waiters:
+                if not w.alive() and w.popen.returncode != 0:
+                    raise AssertionError("a waiter failed: " + w.describe())
+            return all(path.exists() for path in served)
+        wait_until(all_served, timeout=HANG, interval=0.05, what="every waiter to be served")
+        # (negative: served before the kill)
+        delays = sorted(float(path.read_text()) - up for path in served)
+        assert delays[-1] < SERVED_WITHIN, delays
+        for w in waiters:
+            assert w.wait() == 0, w.describe()
+    finally:
+        server.close()

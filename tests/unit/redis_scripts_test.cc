@@ -155,21 +155,23 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
   EXPECT_EQ(leases[1], "{}");
   EXPECT_EQ(leases[2], token.at(1));
   EXPECT_GT(std::stoll(leases[3]), 0);
-  // tickets: {id, seq, body, user, user last served}...
+  // tickets: {id, seq, body, user, user last served, pttl}...
   const auto tickets = Texts(snap.elements[5]);
-  ASSERT_EQ(tickets.size(), 5u);
+  ASSERT_EQ(tickets.size(), 6u);
   EXPECT_EQ(tickets[0], "ticket-1");
   EXPECT_EQ(tickets[1], "1");
   EXPECT_EQ(tickets[2], "{\"body\":1}");
   EXPECT_EQ(tickets[3], "waiter");
   EXPECT_EQ(tickets[4], "");  // never served
+  EXPECT_GT(snap.elements[5].elements[5].integer, 0);
+  EXPECT_LE(snap.elements[5].elements[5].integer, 60000);
 
   // A host filter lists that host's GPUs only (the hosts and the queue are the pool's).
   const RedisValue only_h2 = Snapshot("h2");
   EXPECT_EQ(only_h2.elements[2].elements.size(), 6u);
   EXPECT_EQ(only_h2.elements[3].elements.size(), 7u);
   EXPECT_EQ(only_h2.elements[4].elements.size(), 0u);
-  EXPECT_EQ(only_h2.elements[5].elements.size(), 5u);
+  EXPECT_EQ(only_h2.elements[5].elements.size(), 6u);
 }
 
 TEST_F(RedisScriptsTest, RegisterBumpsTheVersionOnlyWhenTheStaticInformationChanges) {
@@ -380,7 +382,7 @@ TEST_F(RedisScriptsTest, SnapshotDropsTicketsThatExpired) {
   Cmd({"ZADD", keys_.queue(), "7", "dead"});  // its ticket hash is gone
   const std::string version = Version();
   const auto tickets = Texts(Snapshot().elements.at(5));
-  ASSERT_EQ(tickets.size(), 5u);
+  ASSERT_EQ(tickets.size(), 6u);
   EXPECT_EQ(tickets[0], "alive");
   EXPECT_TRUE(Cmd({"ZSCORE", keys_.queue(), "dead"}).is_nil());
   EXPECT_NE(Version(), version);
@@ -742,9 +744,9 @@ TEST_F(RedisScriptsTest, AGarbageQueueOrTicketDoesNotMakeScriptsFail) {
   RedisValue snap;
   EXPECT_NO_THROW(snap = Snapshot());
   const auto tickets = Texts(snap.elements.at(5));
-  ASSERT_EQ(tickets.size(), 10u);
+  ASSERT_EQ(tickets.size(), 12u);
   EXPECT_EQ(tickets[2], "");  // no body: the client ignores the entry
-  EXPECT_EQ(tickets[7], "");
+  EXPECT_EQ(tickets[8], "");
   a.lease_id = "lease-2";
   a.expected_version = Version();
   a.candidates = {U(1)};
