@@ -4,8 +4,9 @@ served soon after the server answers again.
 
 With persistence the restored pool is the pool of before the outage: the waiters' tickets, and
 the locks of holders that ended while the server was down (their release could not reach it),
-which then expire without any message. Waiters used to be served only by their 10 s safety
-re-check (an audit measured ~10 s, against ~1 s without persistence). The bound asserted, 5 s,
+which then expire without any message; and from an RDB, also tickets of waiters that were served
+and ended after it was saved. Waiters used to be served only by their 10 s safety re-check (an
+audit measured ~10 s, against ~1 s without persistence). The bound asserted, 5 s,
 is half of that re-check: this machine's speed decides nothing below it (a waiter retries the
 server every second); the other timeouts are hang guards.
 """
