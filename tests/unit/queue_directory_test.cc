@@ -787,14 +787,15 @@ TEST_F(QueueDirectoryTest, ForkedChildDoesNotKeepTheTicketAlive) {
     OwnTicket own = queue->enter(t);
     if (::fork() == 0) {
       // A child that outlives its parent and never leaves the queue itself (off the test's
-      // output, which it would otherwise keep open).
+      // output, which it would otherwise keep open). It says it is ready from here, once fork
+      // has returned in it: its fork handlers have run.
       const int null = ::open("/dev/null", O_RDWR);
       for (int fd = 0; fd <= 2; ++fd) ::dup2(null, fd);
+      const char byte = 1;
+      if (::write(ready[1], &byte, 1) != 1) ::_exit(1);
       ::sleep(30);
       ::_exit(0);
     }
-    const char byte = 1;
-    if (::write(ready[1], &byte, 1) != 1) ::_exit(1);
     while (true) ::pause();
   }
   ::close(ready[1]);
