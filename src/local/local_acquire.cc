@@ -96,20 +96,17 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   const std::size_t needed = request.gpus.empty() ? request.count : request.gpus.size();
   const std::string& user = user_of(::geteuid());
   check_gpu_limit(needed, user, config_);
-  const bool any_gpu_limit = [this] {
-    if (config_.default_limits.max_gpus) return true;
+  // Whether the config sets this limit for anyone.
+  const auto any_limit = [this](std::optional<unsigned> UserLimits::*limit) {
+    if (config_.default_limits.*limit) return true;
     for (const auto& [name, user_limits] : config_.per_user)
-      if (user_limits.max_gpus) return true;
+      if (user_limits.*limit) return true;
     return false;
-  }();
+  };
+  const bool any_gpu_limit = any_limit(&UserLimits::max_gpus);
 
   // A departure can make room for a request held back by max_waiting even when no GPU is free.
-  const bool waiting_limits = [this] {
-    if (config_.default_limits.max_waiting) return true;
-    for (const auto& [name, user_limits] : config_.per_user)
-      if (user_limits.max_waiting) return true;
-    return false;
-  }();
+  const bool waiting_limits = any_limit(&UserLimits::max_waiting);
   // True when no GPU of the machine is free: nobody can be served, no reservation changes.
   const auto every_gpu_held = [this](const std::vector<Device>& devices) {
     for (const auto& d : devices) {
@@ -343,8 +340,6 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         QueueDirectory& queue = *queue_dir(true);
         ticket = queue.enter(wanted, queue.list_index());
         wanted.seq = ticket.ticket().seq;
-        if (!listing.live.empty() && listing.live.front().id != wanted.id)
-          queue.wake(listing.live.front().id);
         continue;
       }
 
@@ -483,11 +478,6 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       event |= !woke.timed_out() && !woke.promoted;
       must_plan |= woke.woken || woke.watched_ended;
       promoted |= woke.promoted;
-      // The waiter this one watches ended (the pidfd fired and stopped watching it).
-      if (!woke.timed_out() && watching && !channel->watching_process()) {
-        watched_gone = watching;
-        watching.reset();
-      }
       if (!woke.timed_out() && backup_dispatcher && !must_plan) {
         // The oldest waiter normally handles this at once; the others are its backups (for
         // when it is stopped) and give it, and the waiter it serves, the mutex first.
@@ -499,11 +489,12 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           const WaitChannel::Wakeup later = channel->wait(ticket.wake_fd(), left);
           must_plan |= later.woken || later.watched_ended;
           promoted |= later.promoted;
-          if (later.watched_ended && watching) {
-            watched_gone = watching;
-            watching.reset();
-          }
         }
+      }
+      // The waiter this one watches ended (the pidfd fired, and the channel stopped watching).
+      if (watching && !channel->watching_process()) {
+        watched_gone = watching;
+        watching.reset();
       }
       const auto now = Clock::now();
       if (!woke.timed_out() || now >= wake_at || now >= deadline || hooks.progress_refresh) break;

@@ -385,7 +385,7 @@ void QueueDirectory::wake_successor(std::uint64_t seq, const Listing* listing) c
   if (!listing) {
     try {
       read.contents = index().read();
-      read.index = read.contents.entries;
+      read.index = std::move(read.contents.entries);
     } catch (const Error&) {
       return;  // best effort: the dispatchers hear the departure anyway
     }
@@ -423,10 +423,6 @@ void QueueDirectory::read_last_served(Listing& listing) const {
     listing.last_served[t.uid] =
         valid ? static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec : 0;
   }
-}
-
-std::string QueueDirectory::watch_path(const std::string& ticket_id) const {
-  return "/proc/self/fd/" + std::to_string(fd()) + "/" + ticket_name(ticket_id);
 }
 
 void QueueDirectory::prepare() const {

@@ -129,9 +129,6 @@ class QueueDirectory {
   // Wakes the waiter of that ticket; does nothing if it is gone.
   void wake(const std::string& ticket_id, WakeReason reason = WakeReason::kPlan) const;
 
-  // A path under which inotify can watch that ticket (through this directory's descriptor).
-  std::string watch_path(const std::string& ticket_id) const;
-
   // Makes the directory root-owned (for `gpulock init`); removes every dead ticket and slot.
   // REQUIRES: the acquire mutex is held, or nobody else plans (boot).
   void prepare() const;
