@@ -12,7 +12,9 @@ promises at any size:
   - a waiter that forked (without exec) and was killed leaves no phantom ticket
     (tests/python/test_queue_fork.py: it needs the Python package);
   - first uses of a fresh lock directory, many at once, never warn about its mode;
-  - `--no-wait` and `--timeout` answer promptly with hundreds waiting.
+  - `--no-wait` and `--timeout` answer promptly with hundreds waiting;
+  - SIGKILL of random waiters and of the dispatchers (the oldest waiters) in the middle of a
+    drain: the queue heals and serves every survivor.
 
 They run in the normal suite. Every timeout is only a hang guard; nothing asserts speed, except
 the CPU bound of test_idle_waiters_use_no_cpu, which is set to catch polling, not to measure.
@@ -27,7 +29,9 @@ Environment:
 import fcntl
 import json
 import os
+import random
 import resource
+import signal
 import stat
 import struct
 import subprocess
@@ -316,6 +320,88 @@ def test_idle_waiters_use_no_cpu(gl):
     assert len(queue_doc(gl, env)["waiting"]) == N
     holder.kill_group()
     assert_all_served(gl, env, audit, procs)
+
+
+# SIGKILLs during the drain of test_sigkill_during_drain_1000: random waiters, and the oldest
+# waiters (the dispatchers, which follow releases and plan for everyone).
+RANDOM_VICTIMS = max(1, N // 10)
+DISPATCHER_VICTIMS = 30
+
+
+def test_sigkill_during_drain_1000(gl):
+    """As test_drain_1000, but while the queue drains a killer SIGKILLs a tenth of the waiters
+    at random and, again and again, the oldest waiters still waiting (the dispatchers). Only the
+    gpulock process is killed: a victim that was served in that instant keeps its lease through
+    its command, which inherited it, so the audit still sees one job at a time. Every survivor
+    is served exactly once, no victim runs twice, and nothing is left in the queue."""
+    ensure_room_for(N)
+    rng = random.Random(12)
+    env = gl.env(fake="1")
+    audit = Audit(gl.tmp / "audit")
+    holder, _ = gl.hold("-n", "1", env=env)
+    names = names_for(N)
+    procs = queue_jobs(gl, audit, names, env)
+    wait_queue_length(gl, N, env)
+    by_pid = {bg.pid: name for name, bg in procs.items()}
+
+    random_victims = set(rng.sample(names, RANDOM_VICTIMS))
+    victims = set()
+
+    def kill(name):
+        victims.add(name)
+        try:
+            os.kill(procs[name].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    holder.kill_group()
+    released = time.monotonic()
+    pending_random = sorted(random_victims)
+    rng.shuffle(pending_random)
+    dispatchers_killed = 0
+    while pending_random or dispatchers_killed < DISPATCHER_VICTIMS:
+        assert time.monotonic() - released < DRAIN_HANG, summary(gl, env, procs)
+        if dispatchers_killed < DISPATCHER_VICTIMS:
+            waiting = [e["pid"] for e in queue_doc(gl, env)["waiting"]]
+            head = [by_pid[p] for p in waiting[:3] if p in by_pid]
+            if not head:
+                break  # drained already: nothing left to kill
+            kill(rng.choice(head))
+            dispatchers_killed += 1
+        for _ in range(min(len(pending_random), RANDOM_VICTIMS // DISPATCHER_VICTIMS + 1)):
+            kill(pending_random.pop())
+        time.sleep(rng.uniform(0, 0.05))
+
+    survivors = {n: bg for n, bg in procs.items() if n not in victims}
+    statuses = wait_drained(gl, env, survivors)
+    failed = {n: (s, survivors[n].stderr()[-300:]) for n, s in statuses.items() if s != 0}
+    assert failed == {}, "%d survivors failed, e.g. %s" % (len(failed), list(failed.items())[:5])
+    for name in victims:
+        procs[name].popen.wait(timeout=HANG)
+    # A victim served just before its SIGKILL still runs its command: wait for those to end.
+    wait_until(lambda: not (audit.root / "running").exists(), HANG,
+               what="the last victim's command to end")
+
+    errors = audit.errors()
+    assert errors == [], "jobs ran at the same time on the only GPU: %s" % errors[:20]
+    counts = {}
+    for name in audit.started():
+        counts[name] = counts.get(name, 0) + 1
+    missing = sorted(n for n in survivors if n not in counts)
+    twice = sorted(n for n, c in counts.items() if c > 1)
+    assert (missing, twice) == ([], []), (
+        "%d survivors never ran (e.g. %s); %d jobs ran twice (e.g. %s)"
+        % (len(missing), missing[:10], len(twice), twice[:10]))
+    print("%d killed (%d of them dispatchers), %d of them served first; %d survivors served "
+          "in %.1f s" % (len(victims), dispatchers_killed, sum(1 for v in victims if v in counts),
+                         len(survivors), time.monotonic() - released))
+
+    # Nothing stale: no live ticket, and the queue, once a run of the user sweeps it, is empty.
+    _, live = live_tickets(gl)
+    assert live == [], "tickets still locked after every waiter left: %s" % live[:10]
+    result = gl.run("run", "-n", "1", "--timeout", "60s", "--", "true", env=env, timeout=HANG)
+    assert result.returncode == 0, result.stderr
+    assert queue_doc(gl, env)["waiting"] == []
 
 
 def test_fairness_1000_then_other_user(mu):
