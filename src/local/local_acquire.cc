@@ -54,28 +54,33 @@ constexpr auto kAcquireMutexGrace = std::chrono::seconds(2);
 }  // namespace
 
 std::optional<Lease> LocalBackend::try_lock(const std::vector<const Device*>& chosen,
-                                            const LeaseRequest& request, bool& replaced) {
+                                            const LeaseRequest& request, uid_t uid,
+                                            bool& replaced) {
   auto lease = std::make_unique<LeaseState>();
   std::vector<UniqueFd> fds;
+  std::vector<nlink_t> links;
   replaced = false;
   for (const Device* d : chosen) {
-    UniqueFd fd = dir_.open_lock_file(d->uuid);
+    struct stat opened {};
+    UniqueFd fd = dir_.open_lock_file(d->uuid, &opened);
     if (!try_lock_exclusive(fd.get())) return std::nullopt;  // held outside gpulock's protocol
-    if (!dir_.is_current_lock_file(fd.get(), d->uuid)) {
+    const std::optional<nlink_t> current = dir_.links_if_current(opened, d->uuid);
+    if (!current) {
       // Deleted or replaced between our open and our lock: the lock guards nothing.
       replaced = true;
       return std::nullopt;
     }
     fds.push_back(std::move(fd));
+    links.push_back(*current);
     lease->gpus.push_back(
         LeasedGpu{d->index, d->display_index(), d->uuid, d->name, d->is_mig_instance()});
   }
-  lease->keeper = std::make_unique<LocalLeaseKeeper>(std::move(fds));
+  lease->keeper = std::make_unique<LocalLeaseKeeper>(std::move(fds), std::move(links));
   lease->id = make_lease_id();
   lease->started_at = std::chrono::system_clock::now();
   HolderRecord& record = lease->record;
   record.lease_id = lease->id;
-  record.uid = ::geteuid();
+  record.uid = uid;
   record.user = user_of(record.uid);
   record.host = host_name();
   record.boot_id = boot_id();
@@ -94,7 +99,8 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   const auto start = Clock::now();
   const Clock::time_point deadline = wait_deadline(request, start);
   const std::size_t needed = request.gpus.empty() ? request.count : request.gpus.size();
-  const std::string& user = user_of(::geteuid());
+  const uid_t uid = ::geteuid();  // asked once: this process's
+  const std::string& user = user_of(uid);
   check_gpu_limit(needed, user, config_);
   // Whether the config sets this limit for anyone.
   const auto any_limit = [this](std::optional<unsigned> UserLimits::*limit) {
@@ -251,13 +257,13 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           bool replaced = false;
           std::optional<Lease> lease;
           try {
-            lease = try_lock({d}, request, replaced);
+            lease = try_lock({d}, request, uid, replaced);
           } catch (const Error&) {
             break;  // an unusable lock file (a planted symlink, ...): the plan below explains it
           }
           if (lease) {
             ticket.leave();
-            note_served();
+            note_served(uid);
             return std::move(*lease);
           }
           if (replaced) break;
@@ -316,7 +322,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           for (const Device* d : candidates)
             if (d->uuid == uuid) chosen.push_back(d);
         bool replaced = false;
-        if (std::optional<Lease> lease = try_lock(chosen, request, replaced)) {
+        if (std::optional<Lease> lease = try_lock(chosen, request, uid, replaced)) {
           if (ticket) {
             tell_new_dispatchers(listing.live, /*leaving=*/true);
             // The waiter after us watched our process; a dispatcher hears our departure anyway
@@ -326,7 +332,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
             if (k >= kDispatchers) queue_dir(false)->wake_successor(ticket.ticket().seq, &listing);
           }
           ticket.leave();
-          note_served();
+          note_served(uid);
           return std::move(*lease);
         }
         if (replaced) continue;  // try again at once, with the file now under that name

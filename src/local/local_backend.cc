@@ -90,9 +90,9 @@ QueueDirectory* LocalBackend::queue_dir(bool create) {
   return queue_dir_.get();
 }
 
-void LocalBackend::note_served() {
+void LocalBackend::note_served(uid_t uid) {
   try {
-    queue_dir(true)->mark_served();
+    queue_dir(true)->mark_served(uid);
   } catch (const Error&) {
     // A lock directory we may not create the queue in: only fair-share ties are affected.
   }

@@ -52,8 +52,9 @@ class LocalBackend final : public LeaseBackend {
   // Locks exactly these GPUs and writes the holder records; nullopt if one is locked outside
   // gpulock's protocol, or `replaced` if a lock file was swapped meanwhile.
   // REQUIRES: the acquire mutex is held.
+  // `uid`: this process's effective uid, the holder's.
   std::optional<Lease> try_lock(const std::vector<const Device*>& chosen,
-                                const LeaseRequest& request, bool& replaced);
+                                const LeaseRequest& request, uid_t uid, bool& replaced);
   // A GPU's lock file, read without taking anything; its record only if `with_record`.
   LockState probe(const std::string& uuid, bool with_record) const;
 
@@ -77,8 +78,9 @@ class LocalBackend final : public LeaseBackend {
   // The queue directory, opened on first use. Without `create`, nullptr while it does not
   // exist (nobody has waited yet, or the lock directory is read-only to us).
   QueueDirectory* queue_dir(bool create);
-  // Records that this user was just given GPUs, for fair share's ties (best effort).
-  void note_served();
+  // Records that user `uid` (this process's) was just given GPUs, for fair share's ties (best
+  // effort).
+  void note_served(uid_t uid);
   // Its live tickets; empty when there is no queue directory.
   QueueDirectory::Listing list_queue(bool remove_dead);
   // Clears the index slots of waiters that ended without leaving, and their files where we may.

@@ -9,7 +9,8 @@
 
 namespace gpulock {
 
-LocalLeaseKeeper::LocalLeaseKeeper(std::vector<UniqueFd> fds) : fds_(std::move(fds)) {
+LocalLeaseKeeper::LocalLeaseKeeper(std::vector<UniqueFd> fds, std::vector<nlink_t> links)
+    : fds_(std::move(fds)), links_when_locked_(std::move(links)) {
   for (const auto& fd : fds_) raw_fds_.push_back(fd.get());
 }
 
@@ -20,10 +21,17 @@ const std::string& LocalLeaseKeeper::gpu_host() const {
 
 void LocalLeaseKeeper::publish_record(const HolderRecord& record) {
   const std::string bytes = serialize_holder_record(record);
-  for (const auto& fd : fds_) {
+  const std::vector<nlink_t> known = std::move(links_when_locked_);
+  links_when_locked_.clear();
+  for (std::size_t i = 0; i < fds_.size(); ++i) {
+    const UniqueFd& fd = fds_[i];
     // A lock file with other hard links may be someone's file too: lock it, never write it.
     struct stat st {};
-    if (::fstat(fd.get(), &st) != 0 || st.st_nlink != 1) continue;
+    if (i < known.size())
+      st.st_nlink = known[i];
+    else if (::fstat(fd.get(), &st) != 0)
+      continue;
+    if (st.st_nlink != 1) continue;
     if (const auto problem = write_record_bytes(fd.get(), bytes)) {
       std::fprintf(stderr, "gpulock: warning: lease %s: %s (the lease itself is held)\n",
                    record.lease_id.c_str(), problem->c_str());

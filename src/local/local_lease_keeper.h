@@ -3,6 +3,8 @@
 // can never be lost; destroying the keeper closes this process's copies.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -16,8 +18,10 @@ namespace gpulock {
 
 class LocalLeaseKeeper final : public LeaseKeeper {
  public:
-  // `fds`: the locked descriptors of the lease's GPUs, in the lease's order.
-  explicit LocalLeaseKeeper(std::vector<UniqueFd> fds);
+  // `fds`: the locked descriptors of the lease's GPUs, in the lease's order; `links`: each
+  // file's hard-link count as seen after it was locked (the first record is written by it,
+  // without another fstat).
+  LocalLeaseKeeper(std::vector<UniqueFd> fds, std::vector<nlink_t> links);
 
   // Writes the record into every lock file.
   void publish_record(const HolderRecord& record) override;
@@ -38,6 +42,7 @@ class LocalLeaseKeeper final : public LeaseKeeper {
  private:
   std::vector<UniqueFd> fds_;
   std::vector<int> raw_fds_;
+  std::vector<nlink_t> links_when_locked_;  // emptied by the first publish_record
 };
 
 }  // namespace gpulock

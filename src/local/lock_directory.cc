@@ -155,8 +155,10 @@ std::filesystem::path LockDirectory::lock_file_path(const std::string& uuid) con
   return path_ / lock_file_name(uuid);
 }
 
-UniqueFd LockDirectory::open_file(const std::string& name, bool for_writing) const {
-  const std::string full = (path_ / name).string();
+UniqueFd LockDirectory::open_file(const std::string& name, bool for_writing,
+                                  struct stat* opened) const {
+  // The path, for messages only (built when one is needed: acquire is on a fast path).
+  const auto full = [&] { return (path_ / name).string(); };
   const int access = for_writing ? O_RDWR : O_RDONLY;
   // O_NONBLOCK so that a planted FIFO cannot hang us.
   const int flags = access | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
@@ -186,14 +188,14 @@ UniqueFd LockDirectory::open_file(const std::string& name, bool for_writing) con
       if (!fd) {
         const int e = errno;
         environment_error(
-            fmt::format("cannot create lock file {}: {}{}", full, std::strerror(e),
+            fmt::format("cannot create lock file {}: {}{}", full(), std::strerror(e),
                         e == ENOSPC ? " (the disk is full)"
                         : e == EROFS || e == EACCES
                             ? "; the lock directory must be writable by every user (mode 1777)"
                             : ""));
       }
       if (::fchmod(fd.get(), kLockFileMode) != 0)
-        environment_error(errno_message("cannot set mode 0666 on " + full, errno));
+        environment_error(errno_message("cannot set mode 0666 on " + full(), errno));
     }
     if (!fd) {
       const int e = errno;
@@ -201,7 +203,7 @@ UniqueFd LockDirectory::open_file(const std::string& name, bool for_writing) con
         environment_error(fmt::format(
             "{} is a symbolic link, not a lock file: refusing to follow it; whoever planted it "
             "can be found with `ls -l`, and root can remove it",
-            full));
+            full()));
       }
       if (e == EACCES) {
         struct stat st {};
@@ -209,17 +211,18 @@ UniqueFd LockDirectory::open_file(const std::string& name, bool for_writing) con
         environment_error(fmt::format(
             "cannot open lock file {} (mode {}, owner {}): {}; ask its owner or root to run "
             "`chmod 666 {}`",
-            full, mode_text(st.st_mode), user_name(st.st_uid), std::strerror(e), full));
+            full(), mode_text(st.st_mode), user_name(st.st_uid), std::strerror(e), full()));
       }
-      environment_error(errno_message("cannot open lock file " + full, e));
+      environment_error(errno_message("cannot open lock file " + full(), e));
     }
     struct stat st {};
-    if (::fstat(fd.get(), &st) != 0) environment_error(errno_message("cannot stat " + full, errno));
+    if (::fstat(fd.get(), &st) != 0)
+      environment_error(errno_message("cannot stat " + full(), errno));
     if (!S_ISREG(st.st_mode)) {
       environment_error(
           fmt::format("{} is not a regular file: refusing to use it as a lock file; "
                       "root can remove it",
-                      full));
+                      full()));
     }
     if (st.st_nlink != 1 && (st.st_mode & 07777) != kLockFileMode) {
       // Someone's private file linked in, to have gpulock write over it. (A 0666 lock file
@@ -227,7 +230,7 @@ UniqueFd LockDirectory::open_file(const std::string& name, bool for_writing) con
       environment_error(fmt::format(
           "{} has {} hard links and mode {}: refusing to use it as a lock file (it may be "
           "someone's file linked in); root can remove it",
-          full, st.st_nlink, mode_text(st.st_mode)));
+          full(), st.st_nlink, mode_text(st.st_mode)));
     }
     const bool shared_mode = (st.st_mode & kLockFileMode) == kLockFileMode;
     if (!shared_mode && st.st_uid == ::geteuid()) {
@@ -237,23 +240,25 @@ UniqueFd LockDirectory::open_file(const std::string& name, bool for_writing) con
       environment_error(fmt::format(
           "lock file {} has mode {} (owner {}), so you cannot lock it; ask {} or root to run "
           "`chmod 666 {}`",
-          full, mode_text(st.st_mode), user_name(st.st_uid), user_name(st.st_uid), full));
+          full(), mode_text(st.st_mode), user_name(st.st_uid), user_name(st.st_uid), full()));
     }
     // O_NONBLOCK stays set: on a regular file it changes nothing for locks or I/O.
     if (fd.get() <= 2) {
       // Our caller runs with stdin/stdout/stderr closed: a lock fd there would be taken for one
       // (and a child's output written into the shared lock file). Move it out of the way.
       UniqueFd moved(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3));
-      if (!moved) environment_error(errno_message("cannot duplicate descriptor of " + full, errno));
-      return moved;
+      if (!moved)
+        environment_error(errno_message("cannot duplicate descriptor of " + full(), errno));
+      fd = std::move(moved);
     }
+    if (opened) *opened = st;
     return fd;
   }
-  environment_error("cannot open lock file " + full + ": it keeps appearing and disappearing");
+  environment_error("cannot open lock file " + full() + ": it keeps appearing and disappearing");
 }
 
-UniqueFd LockDirectory::open_lock_file(const std::string& uuid) const {
-  return open_file(lock_file_name(uuid), true);
+UniqueFd LockDirectory::open_lock_file(const std::string& uuid, struct stat* opened) const {
+  return open_file(lock_file_name(uuid), true, opened);
 }
 
 UniqueFd LockDirectory::open_lock_file_for_reading(const std::string& uuid) const {
@@ -273,13 +278,13 @@ void LockDirectory::prepare(const std::vector<std::string>& uuids) const {
     make_root_owned(open_lock_file(uuid).get(), kLockFileMode, lock_file_path(uuid).string());
 }
 
-bool LockDirectory::is_current_lock_file(int fd, const std::string& uuid) const {
-  struct stat opened {
-  }, named{};
-  if (::fstat(fd, &opened) != 0 || opened.st_nlink == 0) return false;
+std::optional<nlink_t> LockDirectory::links_if_current(const struct stat& opened,
+                                                       const std::string& uuid) const {
+  struct stat named {};
   if (::fstatat(dir_fd_.get(), lock_file_name(uuid).c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0)
-    return false;
-  return opened.st_dev == named.st_dev && opened.st_ino == named.st_ino;
+    return std::nullopt;
+  if (opened.st_dev != named.st_dev || opened.st_ino != named.st_ino) return std::nullopt;
+  return named.st_nlink;
 }
 
 UniqueFd LockDirectory::open_acquire_mutex() const {

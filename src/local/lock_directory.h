@@ -7,7 +7,10 @@
 // FIFOs or hard links are refused with a clear message instead of being followed.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,16 +38,19 @@ class LockDirectory {
 
   // The lock file of a GPU, opened read-write for locking; created (mode 0666) when missing.
   // Throws Error(kEnvironment) naming the file and what to do when it cannot be used.
-  UniqueFd open_lock_file(const std::string& uuid) const;
+  // `opened`, when given, receives the file's fstat as checked here.
+  UniqueFd open_lock_file(const std::string& uuid, struct stat* opened = nullptr) const;
 
   // The lock file of a GPU opened read-only, to inspect it without disturbing anyone.
   // An invalid fd means the file does not exist (so nobody holds that GPU). Throws like
   // open_lock_file for a file that is not a plain regular file.
   UniqueFd open_lock_file_for_reading(const std::string& uuid) const;
 
-  // True if fd is still the file under the GPU's lock-file name. A lock taken on a file that
-  // was deleted or replaced after it was opened protects nothing and must be dropped.
-  bool is_current_lock_file(int fd, const std::string& uuid) const;
+  // The number of hard links of the file under the GPU's lock-file name if that is still the
+  // file `opened` describes (open_lock_file's fstat), else nullopt. A lock taken on a file that
+  // was deleted or replaced after it was opened protects nothing and must be dropped. One
+  // fstatat: the opened file's identity cannot change.
+  std::optional<nlink_t> links_if_current(const struct stat& opened, const std::string& uuid) const;
 
   // The file whose lock serialises acquisitions machine-wide (".acquire.lock").
   UniqueFd open_acquire_mutex() const;
@@ -62,7 +68,8 @@ class LockDirectory {
  private:
   LockDirectory(std::filesystem::path path, UniqueFd dir_fd)
       : path_(std::move(path)), dir_fd_(std::move(dir_fd)) {}
-  UniqueFd open_file(const std::string& name, bool for_writing) const;
+  UniqueFd open_file(const std::string& name, bool for_writing,
+                     struct stat* opened = nullptr) const;
 
   std::filesystem::path path_;
   UniqueFd dir_fd_;

@@ -223,8 +223,8 @@ std::optional<Ticket> QueueDirectory::cached_ticket(const std::string& id, int f
   return ticket;
 }
 
-void QueueDirectory::mark_served() const {
-  const std::string name = "served-" + std::to_string(::geteuid());
+void QueueDirectory::mark_served(uid_t uid) const {
+  const std::string name = "served-" + std::to_string(uid);
   if (::utimensat(fd(), name.c_str(), nullptr, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT) return;
   UniqueFd file(::openat(fd(), name.c_str(),
                          O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0644));

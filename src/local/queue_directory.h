@@ -120,8 +120,9 @@ class QueueDirectory {
   // process), from `listing` when given, else from the index as it is now.
   void wake_successor(std::uint64_t seq, const Listing* listing = nullptr) const;
 
-  // Records that this process's user was given GPUs now ("served-<uid>", whose mtime says when).
-  void mark_served() const;
+  // Records that user `uid` (this process's) was given GPUs now ("served-<uid>", whose mtime
+  // says when).
+  void mark_served(uid_t uid) const;
 
   // True while the waiter of that ticket waits (its file exists and is locked).
   bool is_live(const std::string& ticket_id) const;

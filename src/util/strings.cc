@@ -70,9 +70,14 @@ std::size_t utf8_sequence_length(std::string_view text, std::size_t i, char32_t&
 
 std::string sanitize_for_display(std::string_view text, std::size_t max_length) {
   constexpr std::string_view kEllipsis = "\u2026";  // …
-  // The whole text made safe, with the byte offset where each character ends.
+  // The common case, short printable ASCII, as it is.
+  if (text.size() <= max_length &&
+      std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x20 && c < 0x7F; }))
+    return std::string(text);
+  // The text made safe; `keep` is where it would be cut (the end of the last character that
+  // leaves room for the ellipsis).
   std::string safe;
-  std::vector<std::size_t> ends;
+  std::size_t keep = 0;
   safe.reserve(std::min(text.size(), max_length + kEllipsis.size()));
   for (std::size_t i = 0; i < text.size();) {
     char32_t code = 0;
@@ -84,15 +89,12 @@ std::string sanitize_for_display(std::string_view text, std::size_t max_length) 
       length = std::max<std::size_t>(length, 1);
     }
     safe += piece;
-    ends.push_back(safe.size());
+    if (safe.size() + kEllipsis.size() <= max_length) keep = safe.size();
     i += length;
     if (safe.size() > max_length + kEllipsis.size()) break;  // enough to know it must be cut
   }
   if (safe.size() <= max_length) return safe;
   // Cut on a character boundary, leaving room for the ellipsis.
-  std::size_t keep = 0;
-  for (std::size_t end : ends)
-    if (end + kEllipsis.size() <= max_length) keep = end;
   safe.resize(keep);
   if (keep + kEllipsis.size() <= max_length) safe += kEllipsis;
   return safe;

@@ -17,9 +17,9 @@
 #include <string>
 #include <thread>
 
+#include "backend/holder_record.h"
 #include "gpulock/error.hpp"
 #include "local/gpu_lock_file.h"
-#include "backend/holder_record.h"
 #include "scoped_umask.h"
 #include "temp_dir.h"
 
@@ -291,13 +291,26 @@ TEST_F(LockDirectoryTest, LocksAWorldWritableFileWithAnotherHardLink) {
 
 TEST_F(LockDirectoryTest, NoticesALockFileDeletedOrReplacedAfterItWasOpened) {
   const LockDirectory dir = LockDirectory::open(dir_path_);
-  UniqueFd fd = dir.open_lock_file(kUuid);
-  EXPECT_TRUE(dir.is_current_lock_file(fd.get(), kUuid));
+  struct stat opened {};
+  UniqueFd fd = dir.open_lock_file(kUuid, &opened);
+  EXPECT_EQ(dir.links_if_current(opened, kUuid), std::optional<nlink_t>(1));
   ASSERT_EQ(::unlink(dir.lock_file_path(kUuid).c_str()), 0);
-  EXPECT_FALSE(dir.is_current_lock_file(fd.get(), kUuid));  // deleted
-  UniqueFd replacement = dir.open_lock_file(kUuid);
-  EXPECT_FALSE(dir.is_current_lock_file(fd.get(), kUuid));  // replaced by a new file
-  EXPECT_TRUE(dir.is_current_lock_file(replacement.get(), kUuid));
+  EXPECT_EQ(dir.links_if_current(opened, kUuid), std::nullopt);  // deleted
+  struct stat replaced {};
+  UniqueFd replacement = dir.open_lock_file(kUuid, &replaced);
+  EXPECT_EQ(dir.links_if_current(opened, kUuid), std::nullopt);  // replaced by a new file
+  EXPECT_EQ(dir.links_if_current(replaced, kUuid), std::optional<nlink_t>(1));
+}
+
+TEST_F(LockDirectoryTest, CountsTheHardLinksOfTheCurrentLockFile) {
+  // The first holder record is written only into a file with no other name (a file linked in
+  // may be someone's): the count comes from the check made right after locking.
+  const LockDirectory dir = LockDirectory::open(dir_path_);
+  struct stat opened {};
+  UniqueFd fd = dir.open_lock_file(kUuid, &opened);
+  const fs::path elsewhere = temp_.path() / "extra-link";
+  ASSERT_EQ(::link(dir.lock_file_path(kUuid).c_str(), elsewhere.c_str()), 0);
+  EXPECT_EQ(dir.links_if_current(opened, kUuid), std::optional<nlink_t>(2));
 }
 
 TEST_F(LockDirectoryTest, PrepareCreatesEveryLockFile) {
