@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -132,7 +133,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   // The waiters that follow releases (the oldest kDispatchers), as this waiter last saw them.
   // Whoever sees a waiter join that pair wakes it, since nothing else tells it of its new role.
   std::vector<std::string> seen_dispatchers;
-  const auto tell_new_dispatchers = [&](const std::vector<Ticket>& live, bool leaving) {
+  const auto tell_new_dispatchers = [&](std::span<const Ticket> live, bool leaving) {
     std::vector<std::string> now;
     for (const Ticket& t : live) {
       if (now.size() == kDispatchers) break;
@@ -244,7 +245,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         sweep_queue();
         last_sweep = Clock::now();
       }
-      const QueueDirectory::Listing listing = list_queue_index();
+      QueueDirectory::Listing listing = list_queue_index();
       // Holder records are read only when someone's share or limit depends on them.
       const bool others_wait = listing.live.size() > (ticket ? 1u : 0u);
 
@@ -286,6 +287,8 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           for (const IndexEntry& entry : gone) removed |= queue->remove_dead(entry);
         if (removed) continue;
       }
+      // The live waiters as listed (plan() moved them into the snapshot, before the newcomer).
+      const std::span<const Ticket> live(snapshot.tickets.data(), listing.index.size());
       me = 0;
       while (me < snapshot.tickets.size() && snapshot.tickets[me].id != wanted.id) ++me;
       if (me == snapshot.tickets.size()) {
@@ -324,11 +327,11 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         bool replaced = false;
         if (std::optional<Lease> lease = try_lock(chosen, request, uid, replaced)) {
           if (ticket) {
-            tell_new_dispatchers(listing.live, /*leaving=*/true);
+            tell_new_dispatchers(live, /*leaving=*/true);
             // The waiter after us watched our process; a dispatcher hears our departure anyway
             // (and re-wires when our process ends), others must be told.
             std::size_t k = 0;
-            while (k < listing.live.size() && listing.live[k].id != wanted.id) ++k;
+            while (k < live.size() && live[k].id != wanted.id) ++k;
             if (k >= kDispatchers) queue_dir(false)->wake_successor(ticket.ticket().seq, &listing);
           }
           ticket.leave();
@@ -352,9 +355,9 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       if (request.wait && !ticket) {
         // Over the waiting limit, the request still waits, outside the queue's order, and
         // joins it when there is room; with a limit of 0 it could never join.
-        const auto waiting_now = std::count_if(
-            listing.live.begin(), listing.live.end(),
-            [&](const Ticket& t) { return t.uid == wanted.uid && !t.entered_over_limit; });
+        const auto waiting_now = std::count_if(live.begin(), live.end(), [&](const Ticket& t) {
+          return t.uid == wanted.uid && !t.entered_over_limit;
+        });
         const bool over_limit =
             waits_over_limit(static_cast<std::size_t>(waiting_now), user, config_);
         // Register, and set up our watches below from this plan, which placed us as if we had
@@ -367,15 +370,14 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         wanted.seq = ticket.ticket().seq;
         // The dispatchers as they are now: our own arrival is no news to them.
         seen_dispatchers.clear();
-        for (std::size_t i = 0; i < listing.live.size() && i < kDispatchers; ++i)
-          seen_dispatchers.push_back(listing.live[i].id);
+        for (std::size_t i = 0; i < live.size() && i < kDispatchers; ++i)
+          seen_dispatchers.push_back(live[i].id);
         if (over_limit) continue;
       }
 
       if (ticket) {
         // Our part in the ring of waiters (see wait_channel.h).
         QueueDirectory& queue = *queue_dir(true);
-        const auto& live = listing.live;
         std::size_t k = 0;
         while (k < live.size() && live[k].id != wanted.id) ++k;
         tell_new_dispatchers(live, /*leaving=*/false);

@@ -62,8 +62,10 @@ class LocalBackend final : public LeaseBackend {
   // yet, placed as if it registered now) when given. `devices` is a fresh inventory.
   // A listing from the index (list_index) has only what orders the queue: tickets' details are
   // read as the plan reaches them, `own` (our registered ticket, if any) stands in for ours, and
-  // waiters found gone meanwhile are added to `gone`.
-  QueueSnapshot plan(const std::vector<Device>& devices, const QueueDirectory::Listing& listing,
+  // waiters found gone meanwhile are added to `gone`. The listing's live tickets move into the
+  // snapshot (its first listing.index.size() tickets when listed from the index), so as not to
+  // copy thousands of them: the rest of the listing stays.
+  QueueSnapshot plan(const std::vector<Device>& devices, QueueDirectory::Listing& listing,
                      const Ticket* newcomer, const Ticket* own, bool with_records,
                      std::vector<IndexEntry>* gone = nullptr);
   // The queue as people see it; `devices` when the caller has a fresh inventory already.

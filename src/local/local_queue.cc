@@ -17,11 +17,12 @@ const std::string& LocalBackend::user_of(uid_t uid) {
 }
 
 QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
-                                 const QueueDirectory::Listing& listing, const Ticket* newcomer,
+                                 QueueDirectory::Listing& listing, const Ticket* newcomer,
                                  const Ticket* own, bool with_records,
                                  std::vector<IndexEntry>* gone) {
   QueueSnapshot snapshot;
-  snapshot.tickets = listing.live;
+  snapshot.tickets = std::move(listing.live);
+  listing.live.clear();
   snapshot.warnings = listing.warnings;
   if (newcomer) {
     snapshot.tickets.push_back(*newcomer);
@@ -102,7 +103,7 @@ QueueStatus LocalBackend::queue_status(const std::vector<Device>* devices) {
   QueueStatus status;
   status.policy = queue_policy_name(config_.policy);
   status.config_source = config_.source;
-  const QueueDirectory::Listing listing = list_queue(false);
+  QueueDirectory::Listing listing = list_queue(false);
   status.warnings = listing.warnings;
   // Nobody waits (the usual case): nothing to plan, so no device query or lock probes.
   if (listing.live.empty()) return status;

@@ -336,9 +336,10 @@ QueueDirectory::Listing QueueDirectory::list_index() const {
   listing.contents = index().read();
   listing.highest_seq = listing.contents.next_seq - 1;
   listing.index = std::move(listing.contents.entries);  // enter() needs only the rest
-  listing.live.reserve(listing.index.size());
+  // One more: a plan appends the newcomer (moving thousands of tickets would cost more).
+  listing.live.reserve(listing.index.size() + 1);
   for (const IndexEntry& e : listing.index) {
-    Ticket t;
+    Ticket& t = listing.live.emplace_back();
     t.id = e.id;
     t.seq = e.seq;
     t.uid = e.uid;
@@ -348,7 +349,6 @@ QueueDirectory::Listing QueueDirectory::list_index() const {
     t.needed = e.needed;
     t.named_gpus = e.named_gpus;
     t.entered_over_limit = e.entered_over_limit;
-    listing.live.push_back(std::move(t));
   }
   read_last_served(listing);
   return listing;

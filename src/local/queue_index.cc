@@ -122,11 +122,23 @@ QueueIndex::Contents QueueIndex::read() const {
         header.record_size == kRecordSize && header.next_seq <= kMaxSeq)
       contents.next_seq = std::max<std::uint64_t>(header.next_seq, 1);
   }
+  contents.entries.reserve(records > 0 ? records - 1 : 0);
   for (std::size_t r = 1; r < records; ++r) {
     RawSlot raw;
     std::memcpy(&raw, bytes + r * kRecordSize, sizeof raw);
     const auto slot = static_cast<std::uint32_t>(r - 1);
-    IndexEntry e;
+    // Checked before anything is made of it (the id's string is an allocation).
+    const bool valid = raw.seq > 0 && raw.seq <= kMaxSeq && raw.pid > 0 && raw.needed >= 1 &&
+                       raw.needed <= kMaxNeeded && raw.priority <= 1 && (raw.flags & ~3) == 0 &&
+                       raw.check == checksum(raw) &&
+                       is_lease_id(std::string_view(raw.id, sizeof raw.id));
+    if (!valid) {
+      // Empty, torn by a waiter clearing it right now, or garbage: free for the next add().
+      if (!found_free) contents.first_free = slot;
+      found_free = true;
+      continue;
+    }
+    IndexEntry& e = contents.entries.emplace_back();
     e.slot = slot;
     e.seq = raw.seq;
     e.id.assign(raw.id, sizeof raw.id);
@@ -137,17 +149,7 @@ QueueIndex::Contents QueueIndex::read() const {
     e.priority = raw.priority == 1 ? Priority::kLow : Priority::kNormal;
     e.named_gpus = (raw.flags & kNamedGpus) != 0;
     e.entered_over_limit = (raw.flags & kOverLimit) != 0;
-    const bool valid = raw.seq > 0 && raw.seq <= kMaxSeq && raw.check == checksum(raw) &&
-                       is_lease_id(e.id) && raw.pid > 0 && raw.needed >= 1 &&
-                       raw.needed <= kMaxNeeded && raw.priority <= 1 && (raw.flags & ~3) == 0;
-    if (!valid) {
-      // Empty, torn by a waiter clearing it right now, or garbage: free for the next add().
-      if (!found_free) contents.first_free = slot;
-      found_free = true;
-      continue;
-    }
     highest = std::max(highest, e.seq);
-    contents.entries.push_back(std::move(e));
   }
   if (!found_free) contents.first_free = static_cast<std::uint32_t>(records > 0 ? records - 1 : 0);
   // Never behind a seq in use, whatever the header says.

@@ -29,7 +29,7 @@ std::string make_lease_id() {
   return text;
 }
 
-bool is_lease_id(const std::string& text) {
+bool is_lease_id(std::string_view text) {
   if (text.size() != 16) return false;
   for (char c : text) {
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;

@@ -9,6 +9,6 @@ namespace gpulock {
 std::string make_lease_id();
 
 // True if text looks like a lease id (what make_lease_id returns).
-bool is_lease_id(const std::string& text);
+bool is_lease_id(std::string_view text);
 
 }  // namespace gpulock

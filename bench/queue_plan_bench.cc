@@ -1,0 +1,90 @@
+// The cost of one plan of the local queue as it grows: a request that may not wait
+// (`--no-wait`) on a machine whose only GPU is held, with N requests already waiting. Its
+// acquire() reads the queue's index, plans the queue with itself placed last, and fails: that
+// plan is the one every newcomer makes, and the one a served waiter makes in a drain.
+//
+// The N waiters are registered from this process through a second QueueDirectory (OFD locks of
+// different open file descriptions conflict within one process too, so the planning pool sees
+// them as live). Issue 12: a plan's cost should not grow with N; side by side with N = 0.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <memory>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include <gpulock/gpulock.hpp>
+
+#include "bench_support.h"
+#include "local/lock_directory.h"
+#include "local/queue_directory.h"
+#include "process/process_identity.h"
+#include "util/random_id.h"
+
+namespace {
+
+void raise_open_file_limit() {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+void BM_NoWaitPlanBehindQueue(benchmark::State& state) {
+  raise_open_file_limit();
+  const auto waiting = static_cast<std::size_t>(state.range(0));
+  gpulock_bench::TempDir scratch;
+  gpulock::PoolOptions options;
+  options.lock_dir = scratch.lock_dir();
+  gpulock::GpuPool pool(gpulock::make_simulated_source(1), options);
+  gpulock::LeaseRequest request;
+  request.count = 1;
+  request.wait = false;
+  gpulock::Lease holder = pool.acquire(request);
+
+  // The waiters: what the index holds for `gpulock run -n 1` of this user.
+  const gpulock::LockDirectory locks = gpulock::LockDirectory::open(scratch.lock_dir());
+  const auto queue = gpulock::QueueDirectory::open(locks, true);
+  std::vector<gpulock::OwnTicket> tickets;
+  tickets.reserve(waiting);
+  for (std::size_t i = 0; i < waiting; ++i) {
+    gpulock::Ticket t;
+    t.id = gpulock::make_lease_id();
+    t.uid = ::geteuid();
+    t.process = gpulock::self_process_id();
+    t.needed = 1;
+    t.candidates = {holder.gpus().front().uuid};
+    tickets.push_back(queue->enter(t));
+  }
+
+  // A pool of its own, as another process would have (nothing cached from the registrations).
+  gpulock::GpuPool planner(gpulock::make_simulated_source(1), options);
+  for (auto _ : state) {
+    try {
+      planner.acquire(request).release();
+      state.SkipWithError("acquired a held GPU");
+      break;
+    } catch (const gpulock::Error& e) {
+      if (e.code() != gpulock::ErrorCode::kTimedOut) {
+        state.SkipWithError(e.what());
+        break;
+      }
+    }
+  }
+  state.counters["waiting"] = static_cast<double>(waiting);
+}
+BENCHMARK(BM_NoWaitPlanBehindQueue)
+    ->ArgName("waiting")
+    ->Arg(0)
+    ->Arg(100)
+    ->Arg(1000)
+    ->Arg(4000)
+    ->Unit(benchmark::kMicrosecond)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+
+}  // namespace
+
+BENCHMARK_MAIN();
