@@ -1,5 +1,6 @@
 // JSON rendering of status and device inventory (schema in docs/json.md).
 #include "gpulock/json_output.hpp"
+#include "gpulock/monitor.hpp"
 #include "util/unix_time.h"
 
 #include <nlohmann/json.hpp>
@@ -79,6 +80,10 @@ std::string status_to_json(const PoolStatus& status) {
     entry["lease_id"] = nullptr;
     entry["holder"] = nullptr;
     entry["reserved_for"] = g.reserved_for ? queue_entry_json(*g.reserved_for) : json(nullptr);
+    entry["idle"] = g.idle;
+    entry["idle_since"] = g.idle_since ? json(unix_seconds(*g.idle_since)) : json(nullptr);
+    entry["idle_seconds"] =
+        g.idle_since ? json(std::max(0.0, now - unix_seconds(*g.idle_since))) : json(nullptr);
     if (g.holder) {
       const HolderInfo& h = *g.holder;
       entry["lease_id"] = h.lease_id;
@@ -98,19 +103,32 @@ std::string status_to_json(const PoolStatus& status) {
     }
     gpus.push_back(std::move(entry));
   }
-  return dump({{"schema_version", kJsonSchemaVersion},
-               {"host", status.host},
-               {"device_source", status.device_source},
-               {"simulated", status.simulated},
-               {"lock_dir", status.lock_dir.empty() ? json(nullptr) : json(status.lock_dir)},
-               {"backend", status.backend},
-               {"backend_location",
-                status.backend_location.empty() ? json(nullptr) : json(status.backend_location)},
-               {"pool", status.pool.empty() ? json(nullptr) : json(status.pool)},
-               {"taken_at", now},
-               {"warnings", status.warnings},
-               {"queue", {{"length", status.queue_length}, {"policy", status.queue_policy}}},
-               {"gpus", gpus}});
+  json intruders = json::array();
+  for (const auto& i : intruders_of(status))
+    intruders.push_back({{"pid", i.pid},
+                         {"user", i.user.empty() ? json(nullptr) : json(i.user)},
+                         {"used_memory_bytes", optional_value(i.used_memory_bytes)},
+                         {"host", i.host},
+                         {"gpu", i.gpu},
+                         {"uuid", i.gpu_uuid},
+                         {"lease_id", i.lease_id},
+                         {"holder_user", i.holder_user}});
+  return dump(
+      {{"schema_version", kJsonSchemaVersion},
+       {"host", status.host},
+       {"device_source", status.device_source},
+       {"simulated", status.simulated},
+       {"lock_dir", status.lock_dir.empty() ? json(nullptr) : json(status.lock_dir)},
+       {"backend", status.backend},
+       {"backend_location",
+        status.backend_location.empty() ? json(nullptr) : json(status.backend_location)},
+       {"pool", status.pool.empty() ? json(nullptr) : json(status.pool)},
+       {"taken_at", now},
+       {"warnings", status.warnings},
+       {"queue", {{"length", status.queue_length}, {"policy", status.queue_policy}}},
+       {"idle_after_seconds", status.idle_after ? json(status.idle_after->count()) : json(nullptr)},
+       {"intruders", intruders},
+       {"gpus", gpus}});
 }
 
 std::string queue_to_json(const QueueStatus& queue) {

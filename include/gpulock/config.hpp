@@ -21,6 +21,10 @@
 //   pool = "lab"                   # the key prefix's name; default: the host name
 //   lease_ttl = "30s"
 //   redis_password_file = "/etc/gpulock/redis.password"
+//
+//   # Monitoring (docs/operations.md).
+//   idle_after = "30m"             # a leased GPU at 0 % this long is reported idle
+//   serve_show_commands = false    # `gpulock serve` shows full command lines over HTTP
 #pragma once
 
 #include <chrono>
@@ -53,6 +57,8 @@ struct Config {
   std::string pool;                            // the Redis pool's name; "" = default
   std::optional<std::chrono::milliseconds> lease_ttl;
   std::string redis_password_file;
+  std::chrono::seconds idle_after{30 * 60};
+  bool serve_show_commands = false;
 
   // The limits that apply to `user`: their own entries, else the defaults, field by field.
   UserLimits limits_for(const std::string& user) const;

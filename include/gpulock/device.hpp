@@ -4,6 +4,7 @@
 // (std::nullopt) rather than guessed, so health filters can tell "unknown" from "zero".
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -35,6 +36,10 @@ struct Device {
   std::optional<std::uint64_t> memory_used_bytes;
   std::optional<std::uint64_t> memory_free_bytes;
   std::optional<unsigned> utilization_percent;  // GPU (SM) utilisation over the driver's window
+  // Since when utilisation has been 0 %, where the source itself knows (simulated GPUs'
+  // `idle_since`); unset for NVML, whose readings the IdleTracker (gpulock/monitor.hpp) follows
+  // over time instead.
+  std::optional<std::chrono::system_clock::time_point> idle_since;
   std::optional<double> power_draw_watts;
   std::optional<double> power_limit_watts;
   ComputeMode compute_mode = ComputeMode::kUnknown;

@@ -8,6 +8,7 @@
 #include "gpulock/gpu_pool.hpp"
 #include "gpulock/json_output.hpp"
 #include "gpulock/lease.hpp"
+#include "gpulock/monitor.hpp"
 #include "gpulock/parse.hpp"
 #include "gpulock/request.hpp"
 #include "gpulock/run.hpp"

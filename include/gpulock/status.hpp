@@ -53,6 +53,11 @@ struct GpuStatus {
   std::string note;  // why excluded, or a warning about the GPU
   // A free GPU held back by the queue for a waiting multi-GPU request.
   std::optional<QueueEntry> reserved_for;
+  // A leased GPU whose utilisation has read 0 % since `idle_since` without a break, as an
+  // IdleTracker (gpulock/monitor.hpp) has seen it; `idle` once that is at least the config's
+  // idle_after. Unset / false where no tracker looked, or the GPU is not leased.
+  std::optional<std::chrono::system_clock::time_point> idle_since;
+  bool idle = false;
 };
 
 struct PoolStatus {
@@ -69,6 +74,8 @@ struct PoolStatus {
   std::vector<std::string> warnings;
   int queue_length = 0;      // requests waiting in the machine's queue
   std::string queue_policy;  // "fair-share" or "fifo"
+  // The config's idle_after, once an IdleTracker has marked idle GPUs; unset before.
+  std::optional<std::chrono::seconds> idle_after;
 };
 
 }  // namespace gpulock

@@ -1,5 +1,6 @@
 // `gpulock status [--json]`: every GPU with its state, holder, memory and utilisation; a
-// multi-GPU lease's GPUs together, its holder once; cut to the terminal's width on a terminal.
+// multi-GPU lease's GPUs together, its holder once; cut to the terminal's width on a terminal;
+// then idle leased GPUs and intruders (gpulock/monitor.hpp).
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -131,6 +132,13 @@ void print_table(const PoolStatus& status) {
                                status.gpus[k].note));
   }
   if (status.gpus.empty()) print_line("(no GPUs)");
+  for (const auto& g : status.gpus)
+    if (g.idle && g.holder && g.idle_since)
+      print_line(fmt::format("idle: GPU {} leased by {} (lease {}) at 0% for {}", name_of(g),
+                             g.holder->user, g.holder->lease_id,
+                             format_duration(std::chrono::duration_cast<std::chrono::seconds>(
+                                 status.taken_at - *g.idle_since))));
+  for (const auto& intruder : intruders_of(status)) print_line(describe_intruder(intruder));
   print_line(fmt::format("queue: {} request{} waiting ({}){}", status.queue_length,
                          status.queue_length == 1 ? "" : "s", status.queue_policy,
                          status.queue_length > 0 ? "; `gpulock queue` lists them" : ""));
@@ -149,7 +157,8 @@ void add_status_command(CLI::App& app, int* exit_status) {
   add_backend_option(*command, *backend);
   command->callback([json, whole_pool, backend, exit_status] {
     GpuPool pool = open_pool(*backend);
-    const PoolStatus status = *whole_pool ? pool.pool_status() : pool.status();
+    PoolStatus status = *whole_pool ? pool.pool_status() : pool.status();
+    IdleTracker(default_idle_record_path()).observe(status, pool.config().idle_after);
     if (*json) {
       fmt::print("{}\n", status_to_json(status));
     } else {

@@ -134,10 +134,16 @@ class ConfigReader {
         }
       } else if (key == "redis_password_file") {
         config.redis_password_file = read_text(node, "'redis_password_file'");
+      } else if (key == "idle_after") {
+        config.idle_after = read_idle_after(node);
+      } else if (key == "serve_show_commands") {
+        const auto* flag = node.as_boolean();
+        if (flag == nullptr) wrong_type(node, "'serve_show_commands'", "true or false");
+        config.serve_show_commands = flag->get();
       } else {
         unknown_key(key, node, "",
                     {"policy", "exclude_gpus", "limits", "backend", "pool", "lease_ttl",
-                     "redis_password_file"});
+                     "redis_password_file", "idle_after", "serve_show_commands"});
       }
     }
     return config;
@@ -180,6 +186,22 @@ class ConfigReader {
     if (trim(value).empty() || sanitize_for_display(value, 1024) != value)
       fail_at(node.source(), fmt::format("{} must be a non-empty line of text", named));
     return value;
+  }
+
+  // "30m", "2h", or a number of seconds: from 1 s to 30 days.
+  std::chrono::seconds read_idle_after(const toml::node& node) const {
+    const auto* seconds = node.as_integer();
+    const std::string text = seconds ? std::to_string(seconds->get()) + "s"
+                                     : read_text(node, "'idle_after' (\"30m\" or seconds)");
+    std::chrono::milliseconds after{};
+    try {
+      after = parse_duration(text);
+    } catch (const Error& error) {
+      fail_at(node.source(), fmt::format("'idle_after': {}", error.what()));
+    }
+    if (after < std::chrono::seconds(1) || after > std::chrono::hours(24 * 30))
+      fail_at(node.source(), "'idle_after' must be from 1s to 30d");
+    return std::chrono::duration_cast<std::chrono::seconds>(after);
   }
 
   QueuePolicy read_policy(const toml::node& node) const {

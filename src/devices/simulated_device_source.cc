@@ -20,6 +20,7 @@
 #include "gpulock/error.hpp"
 #include "gpulock/parse.hpp"
 #include "util/strings.h"
+#include "util/unix_time.h"
 
 namespace gpulock {
 namespace {
@@ -198,7 +199,7 @@ class FileReader {
       check_keys(
           spec, where,
           {"uuid", "name", "pci_bus_id", "memory_total", "memory_used", "utilization", "power_draw",
-           "power_limit", "compute_mode", "processes", "switch", "mig", "comment"});
+           "power_limit", "compute_mode", "processes", "switch", "mig", "idle_since", "comment"});
       Device device = idle_device(static_cast<unsigned>(i));
       if (spec.contains("uuid")) device.uuid = text(spec["uuid"], where + ".uuid");
       if (spec.contains("name")) device.name = text(spec["name"], where + ".name");
@@ -210,6 +211,12 @@ class FileReader {
       if (spec.contains("utilization"))
         device.utilization_percent =
             static_cast<unsigned>(number(spec["utilization"], where + ".utilization", 0, 100));
+      if (spec.contains("idle_since")) {
+        if (device.utilization_percent.value_or(0) != 0)
+          fail(where + ".idle_since", "a GPU idle since a time must have utilization 0");
+        device.idle_since =
+            from_unix_seconds(number(spec["idle_since"], where + ".idle_since", 0, 1e11));
+      }
       if (spec.contains("power_draw"))
         device.power_draw_watts = number(spec["power_draw"], where + ".power_draw", 0, 1e5);
       if (spec.contains("power_limit"))

@@ -1,0 +1,79 @@
+// `gpulock serve [--listen 127.0.0.1:9400]`: the read-only HTTP server of metrics, the JSON
+// documents and the live dashboard (serve/dashboard_server.h), until SIGTERM or SIGINT.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cli.h"
+#include "serve/dashboard_server.h"
+
+namespace gpulock::cli {
+namespace {
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, int* exit_status) {
+  auto* command = app.add_subcommand(
+      "serve", "Serve metrics, the JSON documents and a live dashboard over HTTP (read-only)");
+  auto listen = std::make_shared<std::string>("127.0.0.1:9400");
+  auto backend = std::make_shared<std::string>();
+  command->add_option("--listen", *listen,
+                      "HOST:PORT to listen on (default 127.0.0.1:9400; port 0: any free port)");
+  add_backend_option(*command, *backend);
+  command->callback([listen, backend, exit_status] {
+    serve::ServeOptions options;
+    serve::parse_listen_address(*listen, options);
+    GpuPool pool = open_pool(*backend);
+    options.show_commands = pool.config().serve_show_commands;
+    options.on_listening = [&options](int port) {
+      const bool v6 = options.host.find(':') != std::string::npos;
+      fmt::print(stderr, "gpulock serve: listening on http://{}{}{}:{}/\n", v6 ? "[" : "",
+                 options.host, v6 ? "]" : "", port);
+      if (!is_loopback(options.host))
+        fmt::print(stderr,
+                   "gpulock serve: warning: reachable from the network: anyone who can connect "
+                   "sees who holds which GPU{}\n",
+                   options.show_commands ? " and their full command lines" : "");
+      std::fflush(stderr);
+    };
+    // SIGTERM and SIGINT are taken by one thread (blocked in all others, which inherit the
+    // mask), which stops the server; run() then returns and gpulock exits 0.
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    serve::DashboardServer server(pool, options);
+    std::atomic<bool> finished{false};
+    std::thread signal_waiter([&] {
+      const timespec tick{0, 200 * 1000 * 1000};
+      while (!finished.load()) {
+        if (sigtimedwait(&stop_signals, nullptr, &tick) > 0) {
+          server.stop();
+          return;
+        }
+      }
+    });
+    try {
+      server.run();
+    } catch (...) {
+      finished = true;
+      signal_waiter.join();
+      throw;
+    }
+    finished = true;
+    signal_waiter.join();
+    fmt::print(stderr, "gpulock serve: stopped\n");
+    *exit_status = 0;
+  });
+}
+
+}  // namespace gpulock::cli

@@ -1,0 +1,195 @@
+// DashboardServer (serve/dashboard_server.h): routes, limits and error answers of `gpulock serve`.
+#include "serve/dashboard_server.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "gpulock/error.hpp"
+#include "serve/dashboard_assets.h"
+#include "serve/status_cache.h"
+
+namespace gpulock::serve {
+namespace {
+
+constexpr const char* kJson = "application/json";
+constexpr const char* kMetrics = "text/plain; version=0.0.4; charset=utf-8";
+
+void answer_error(httplib::Response& response, int status, const std::string& message) {
+  response.status = status;
+  response.set_content(nlohmann::json{{"error", message}}.dump() + "\n", kJson);
+}
+
+std::string error_text(int status) {
+  switch (status) {
+    case 400:
+      return "bad request (malformed, or a header line over 8 KiB)";
+    case 404:
+      return "no such page";
+    case 413:
+      return "request body too large";
+    case 414:
+      return "request line too long";
+    default:
+      return fmt::format("HTTP error {}", status);
+  }
+}
+
+}  // namespace
+
+void parse_listen_address(const std::string& text, ServeOptions& options) {
+  auto bad = [&text](const std::string& why) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("--listen '{}': {} (use HOST:PORT, e.g. 127.0.0.1:9400)", text, why));
+  };
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos) bad("no port");
+  std::string host = text.substr(0, colon);
+  const std::string port = text.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  else if (host.find(':') != std::string::npos)
+    bad("write an IPv6 address in brackets");
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
+    bad("the port must be a number from 0 to 65535");
+  const int number = std::stoi(port);
+  if (number > 65535) bad("the port must be a number from 0 to 65535");
+  options.host = host.empty() ? "0.0.0.0" : host;
+  options.port = number;
+}
+
+struct DashboardServer::Impl {
+  GpuPool& pool;
+  ServeOptions options;
+  httplib::Server server;
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool stopping = false;
+  bool listening_done = false;
+
+  Impl(GpuPool& p, ServeOptions o) : pool(p), options(std::move(o)) {}
+
+  void routes(StatusCache& cache) {
+    const auto answer_from_cache = [&cache](httplib::Response& response, auto field,
+                                            const char* type) {
+      const auto snapshot = cache.current();
+      if (!snapshot->error.empty()) return answer_error(response, 503, snapshot->error);
+      response.set_content((*snapshot).*field, type);
+    };
+    server.Get("/api/status", [=](const httplib::Request&, httplib::Response& response) {
+      answer_from_cache(response, &Snapshot::status_json, kJson);
+    });
+    server.Get("/api/queue", [=](const httplib::Request&, httplib::Response& response) {
+      answer_from_cache(response, &Snapshot::queue_json, kJson);
+    });
+    server.Get("/metrics", [=](const httplib::Request&, httplib::Response& response) {
+      answer_from_cache(response, &Snapshot::metrics, kMetrics);
+    });
+    server.Get("/api/usage", [this](const httplib::Request& request, httplib::Response& response) {
+      if (!options.usage) return answer_error(response, 503, "usage journal not available");
+      const std::string since =
+          request.has_param("since") ? request.get_param_value("since") : "28d";
+      const std::string by = request.has_param("by") ? request.get_param_value("by") : "user,day";
+      try {
+        response.set_content(options.usage(since, by), kJson);
+      } catch (const Error& e) {
+        answer_error(response, e.code() == ErrorCode::kInvalidArgument ? 400 : 503, e.what());
+      }
+    });
+    for (const Asset& asset : dashboard_assets()) {
+      const std::string path = asset.name == "index.html" ? "/" : "/" + std::string(asset.name);
+      server.Get(path, [&asset](const httplib::Request&, httplib::Response& response) {
+        response.set_content(std::string(asset.body), std::string(asset.content_type).c_str());
+      });
+    }
+    // Only the routes above exist; anything else, and every error httplib itself answers
+    // (400 malformed, 413, 414), gets a short JSON body.
+    // The server is read-only: other methods on any path are refused.
+    const auto refuse = [](const httplib::Request&, httplib::Response& response) {
+      response.set_header("Allow", "GET, HEAD");
+      answer_error(response, 405, "read-only: only GET and HEAD are served");
+    };
+    server.Post(".*", refuse);
+    server.Put(".*", refuse);
+    server.Patch(".*", refuse);
+    server.Delete(".*", refuse);
+    server.set_error_handler([](const httplib::Request&, httplib::Response& response) {
+      if (!response.body.empty()) return;  // a handler's own answer
+      answer_error(response, response.status, error_text(response.status));
+    });
+    server.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& response, std::exception_ptr) {
+          answer_error(response, 500, "internal error");
+        });
+    server.set_default_headers(
+        {{"Cache-Control", "no-store"},
+         {"X-Content-Type-Options", "nosniff"},
+         {"Referrer-Policy", "no-referrer"},
+         {"Content-Security-Policy",
+          "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"}});
+  }
+};
+
+DashboardServer::DashboardServer(GpuPool& pool, ServeOptions options)
+    : impl_(std::make_unique<Impl>(pool, std::move(options))) {}
+
+DashboardServer::~DashboardServer() = default;
+
+void DashboardServer::run() {
+  Impl& s = *impl_;
+  StatusCache cache(s.pool, s.options.show_commands, s.options.refresh_interval);
+  s.routes(cache);
+  const std::size_t threads = s.options.threads;
+  s.server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.server.set_read_timeout(s.options.io_timeout);
+  s.server.set_write_timeout(s.options.io_timeout);
+  // Dashboards poll every 2 s: a connection kept open between polls would only hold a thread.
+  s.server.set_keep_alive_max_count(1);
+  s.server.set_payload_max_length(64 * 1024);
+
+  int port = s.options.port;
+  if (port == 0) {
+    port = s.server.bind_to_any_port(s.options.host);
+  } else if (!s.server.bind_to_port(s.options.host, port)) {
+    port = -1;
+  }
+  if (port < 0)
+    throw Error(ErrorCode::kEnvironment,
+                fmt::format("cannot listen on {}:{} (in use, or not an address of this machine)",
+                            s.options.host, s.options.port));
+  if (s.options.on_listening) s.options.on_listening(port);
+
+  // stop() may come before listen_after_bind() has started, when httplib's own stop() would
+  // do nothing: this thread repeats it until the listening loop has ended.
+  std::thread stopper([&s] {
+    std::unique_lock<std::mutex> lock(s.mutex);
+    s.changed.wait(lock, [&s] { return s.stopping || s.listening_done; });
+    while (!s.listening_done) {
+      lock.unlock();
+      s.server.stop();
+      lock.lock();
+      s.changed.wait_for(lock, std::chrono::milliseconds(50), [&s] { return s.listening_done; });
+    }
+  });
+  s.server.listen_after_bind();
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.listening_done = true;
+  }
+  s.changed.notify_all();
+  stopper.join();
+}
+
+void DashboardServer::stop() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->stopping = true;
+  }
+  impl_->changed.notify_all();
+}
+
+}  // namespace gpulock::serve
