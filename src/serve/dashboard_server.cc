@@ -1,6 +1,8 @@
 // DashboardServer (serve/dashboard_server.h): routes, limits and error answers of `gpulock serve`.
 #include "serve/dashboard_server.h"
 
+#include <sys/socket.h>
+
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -150,6 +152,12 @@ void DashboardServer::run() {
   // Dashboards poll every 2 s: a connection kept open between polls would only hold a thread.
   s.server.set_keep_alive_max_count(1);
   s.server.set_payload_max_length(64 * 1024);
+  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which would let a second server
+  // bind the same port and silently share its clients.
+  s.server.set_socket_options([](int fd) {
+    const int on = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  });
 
   int port = s.options.port;
   if (port == 0) {

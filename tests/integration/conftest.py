@@ -137,6 +137,8 @@ class Harness:
         if cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
         env[TAG_VARIABLE] = self.tag  # lets teardown find every process of this test
+        # status and metrics keep idle-GPU readings in the user's state directory: the test's.
+        env["XDG_STATE_HOME"] = str(self.tmp / "state")
         env.update({k: str(v) for k, v in extra.items()})
         return env
 

@@ -259,22 +259,43 @@ TEST(ConfigParseTest, BadRedisBackendValuesAreLocatedErrors) {
                          "test.toml:1: 'redis_password_file' must be"));
 }
 
+// --- parse_config: monitoring keys -----------------------------------------------------------
+
+TEST(ConfigParseTest, MonitoringKeys) {
+  const Config defaults = parse_config("", "test.toml");
+  EXPECT_EQ(defaults.idle_after, std::chrono::minutes(30));
+  EXPECT_FALSE(defaults.serve_show_commands);
+  const Config config =
+      parse_config("idle_after = \"1h30m\"\nserve_show_commands = true\n", "test.toml");
+  EXPECT_EQ(config.idle_after, std::chrono::minutes(90));
+  EXPECT_TRUE(config.serve_show_commands);
+  EXPECT_EQ(parse_config("idle_after = 90\n", "test.toml").idle_after, std::chrono::seconds(90));
+}
+
+TEST(ConfigParseTest, BadMonitoringValuesAreLocatedErrors) {
+  EXPECT_TRUE(StartsWith(ConfigError("idle_after = \"soon\"\n"), "test.toml:1: 'idle_after'"));
+  EXPECT_TRUE(StartsWith(ConfigError("idle_after = 0\n"), "test.toml:1: 'idle_after'"));
+  EXPECT_TRUE(StartsWith(ConfigError("idle_after = \"31d\"\n"), "test.toml:1: 'idle_after'"));
+  EXPECT_TRUE(StartsWith(ConfigError("serve_show_commands = \"yes\"\n"),
+                         "test.toml:1: 'serve_show_commands' must be"));
+}
+
 // --- parse_config: unknown keys ------------------------------------------------------------
 
 TEST(ConfigParseTest, UnknownTopLevelKeyIsNamedWithItsLine) {
   EXPECT_EQ(ConfigError("# gpulock\npolcy = \"fifo\"\n"),
             "test.toml:2: unknown key 'polcy' (known: policy, exclude_gpus, limits, backend, pool, "
-            "lease_ttl, redis_password_file)");
+            "lease_ttl, redis_password_file, idle_after, serve_show_commands)");
 }
 
 TEST(ConfigParseTest, UnknownTopLevelTableIsNamedWithItsLine) {
   // The Redis backend's settings are top-level keys; a [redis] table is unknown.
   EXPECT_EQ(ConfigError("policy = \"fifo\"\n\n[redis]\nurl = \"redis://localhost\"\n"),
             "test.toml:3: unknown key 'redis' (known: policy, exclude_gpus, limits, backend, pool, "
-            "lease_ttl, redis_password_file)");
+            "lease_ttl, redis_password_file, idle_after, serve_show_commands)");
   EXPECT_EQ(ConfigError("[limit]\nmax_gpus_per_user = 1\n"),
             "test.toml:1: unknown key 'limit' (known: policy, exclude_gpus, limits, backend, pool, "
-            "lease_ttl, redis_password_file)");
+            "lease_ttl, redis_password_file, idle_after, serve_show_commands)");
 }
 
 TEST(ConfigParseTest, UnknownKeyInLimits) {
@@ -508,7 +529,8 @@ TEST_F(ConfigLoadTest, InvalidFileIsReportedWithItsPathAndLine) {
   UseConfig(path);
   EXPECT_EQ(LoadError(), path.string() +
                              ":2: unknown key 'max_gpus_per_user' (known: policy, exclude_gpus, "
-                             "limits, backend, pool, lease_ttl, redis_password_file)");
+                             "limits, backend, pool, lease_ttl, redis_password_file, idle_after, "
+                             "serve_show_commands)");
 }
 
 TEST_F(ConfigLoadTest, MissingFileNamedByGpulockConfigIsAnError) {

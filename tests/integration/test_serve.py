@@ -1,0 +1,184 @@
+"""`gpulock serve` over real HTTP: every endpoint, the documents it serves against the CLI's,
+what it hides from the network, bad and slow clients, and stopping on SIGTERM/SIGINT. The server
+is a real process on a free loopback port; requests go through http.client and raw sockets (no
+proxy in between)."""
+
+import http.client
+import json
+import re
+import signal
+import socket
+import time
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import EX_USAGE
+from gpulock_testing import HANG, wait_until
+
+
+def start_serve(gl, env=None, listen="127.0.0.1:0"):
+    server = gl.spawn("serve", "--listen", listen, env=env)
+    server.wait_for_stderr("listening on http://")
+    port = int(re.search(r"listening on http://[^ ]*:(\d+)/", server.stderr()).group(1))
+    server.port = port
+    return server
+
+
+def get(port, path, method="GET", headers=None, body=None):
+    """(status, headers dict with lower-case names, body bytes)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=HANG)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return (response.status, {k.lower(): v for k, v in response.getheaders()},
+                response.read())
+    finally:
+        connection.close()
+
+
+def raw(port, data, timeout=HANG):
+    """Sends raw bytes and returns everything the server answers before closing."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        answer = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return answer
+            answer += chunk
+
+
+def without_times(doc):
+    """A status document without what changes from one reading to the next."""
+    doc = json.loads(json.dumps(doc))
+    doc.pop("taken_at")
+    for gpu in doc["gpus"]:
+        gpu.pop("idle_since", None)
+        gpu.pop("idle_seconds", None)
+        if gpu["holder"]:
+            gpu["holder"].pop("held_seconds")
+    return doc
+
+
+def test_every_endpoint_answers_with_the_clis_documents(gl):
+    env = gl.env(fake="3")
+    holder, lease_id = gl.hold("--gpus", "1", env=env, label="served")
+    server = start_serve(gl, env=env)
+
+    status, headers, body = get(server.port, "/api/status")
+    assert status == 200 and headers["content-type"] == "application/json"
+    served = json.loads(body)
+    cli = gl.status(env=env)
+    # The same document as `gpulock status --json`, except that the command line is cut to
+    # the program's name (serve_show_commands is off).
+    assert cli["gpus"][1]["holder"]["command"].startswith("sh -c ")
+    assert served["gpus"][1]["holder"]["command"] == "sh"
+    served["gpus"][1]["holder"]["command"] = cli["gpus"][1]["holder"]["command"]
+    assert without_times(served) == without_times(cli)
+    assert served["gpus"][1]["holder"]["lease_id"] == lease_id
+
+    status, headers, body = get(server.port, "/api/queue")
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert json.loads(body) == json.loads(gl.run("queue", "--json", env=env).stdout)
+
+    status, headers, body = get(server.port, "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    leased = [s for s in families["gpulock_gpu_state"].samples
+              if s.labels["state"] == "leased" and s.value == 1]
+    assert [s.labels["gpu"] for s in leased] == ["1"]
+
+    status, headers, body = get(server.port, "/api/usage")
+    assert status == 503
+    assert json.loads(body) == {"error": "usage journal not available"}
+
+    status, headers, body = get(server.port, "/")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    assert b'<script src="/dashboard.js"' in body and b"http" not in body.replace(
+        b"http-equiv", b"")  # nothing from elsewhere: the page works offline
+    assert "default-src 'self'" in headers["content-security-policy"]
+    for asset, kind in (("/dashboard.js", "text/javascript"), ("/dashboard.css", "text/css")):
+        status, headers, body = get(server.port, asset)
+        assert status == 200 and headers["content-type"].startswith(kind) and body
+
+    status, headers, body = get(server.port, "/api/status", method="HEAD")
+    assert status == 200 and body == b""
+
+
+def test_full_command_lines_only_when_configured(gl):
+    config = gl.tmp / "config.toml"
+    config.write_text("serve_show_commands = true\n")
+    env = gl.env(fake="2", GPULOCK_CONFIG=config)
+    gl.hold("--gpus", "0", env=env)
+    server = start_serve(gl, env=env)
+    served = json.loads(get(server.port, "/api/status")[2])
+    assert served["gpus"][0]["holder"]["command"].startswith("sh -c ")
+
+
+def test_bad_requests_get_clean_errors_and_the_server_goes_on(gl):
+    env = gl.env(fake="2")
+    server = start_serve(gl, env=env)
+    port = server.port
+
+    status, headers, body = get(port, "/no/such/page")
+    assert status == 404 and json.loads(body) == {"error": "no such page"}
+    status, _, body = get(port, "/api/status", headers={"X-Huge": "x" * 100000})
+    assert status in (400, 431) and "error" in json.loads(body)
+    status, _, body = get(port, "/" + "a" * 20000)
+    assert status in (400, 414) and "error" in json.loads(body)
+    status, headers, body = get(port, "/api/status", method="POST", body=b"x")
+    assert status == 405 and headers["allow"] == "GET, HEAD"
+    assert raw(port, b"\x00\x01garbage\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+
+    # A slow client sends half a request and stalls: others are served meanwhile, and the
+    # server drops the slow one after its read timeout instead of waiting for ever.
+    slow = socket.create_connection(("127.0.0.1", port), timeout=HANG)
+    try:
+        slow.sendall(b"GET /api/status HTTP/1.1\r\nHost: x\r\n")
+        assert get(port, "/api/status")[0] == 200
+        started = time.monotonic()
+        leftover = slow.recv(65536)
+        while leftover and not leftover.endswith(b"}\n") and b"\r\n\r\n" not in leftover:
+            leftover += slow.recv(65536)
+        assert time.monotonic() - started < HANG
+        # httplib closes without an answer, or answers 400: never a 200 for half a request.
+        assert not leftover.startswith(b"HTTP/1.1 200")
+    finally:
+        slow.close()
+
+    assert get(port, "/api/status")[0] == 200
+    assert server.alive()
+
+
+def test_sigterm_and_sigint_stop_it_cleanly(gl):
+    env = gl.env(fake="2")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        server = start_serve(gl, env=env)
+        assert get(server.port, "/api/status")[0] == 200
+        server.popen.send_signal(sig)
+        assert server.wait() == 0
+        assert "gpulock serve: stopped" in server.stderr()
+        try:
+            get(server.port, "/api/status")
+            raise AssertionError("still answering after %s" % sig)
+        except OSError:
+            pass
+
+
+def test_listen_errors_are_clear(gl):
+    env = gl.env(fake="2")
+    for bad in ("9400", "127.0.0.1:99999", "127.0.0.1:http", "::1:9400"):
+        result = gl.run("serve", "--listen", bad, env=env)
+        assert result.returncode == EX_USAGE, (bad, result.stderr)
+        assert "--listen" in result.stderr
+    taken = start_serve(gl, env=env)
+    result = gl.run("serve", "--listen", "127.0.0.1:%d" % taken.port, env=env)
+    assert result.returncode == 69
+    assert "cannot listen on 127.0.0.1:%d" % taken.port in result.stderr
+    assert taken.alive()
+
+
+def test_a_non_loopback_address_is_warned_about(gl):
+    server = start_serve(gl, env=gl.env(fake="2"), listen="0.0.0.0:0")
+    wait_until(lambda: "reachable from the network" in server.stderr(),
+               what="the network warning")
