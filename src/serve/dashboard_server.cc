@@ -72,6 +72,7 @@ struct DashboardServer::Impl {
   std::condition_variable changed;
   bool stopping = false;
   bool listening_done = false;
+  int listening_fd = -1;  // the socket httplib listens on, once bound
 
   Impl(GpuPool& p, ServeOptions o) : pool(p), options(std::move(o)) {}
 
@@ -154,9 +155,10 @@ void DashboardServer::run() {
   s.server.set_payload_max_length(64 * 1024);
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which would let a second server
   // bind the same port and silently share its clients.
-  s.server.set_socket_options([](int fd) {
+  s.server.set_socket_options([&s](int fd) {
     const int on = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    s.listening_fd = fd;
   });
 
   int port = s.options.port;
@@ -169,6 +171,9 @@ void DashboardServer::run() {
     throw Error(ErrorCode::kEnvironment,
                 fmt::format("cannot listen on {}:{} (in use, or not an address of this machine)",
                             s.options.host, s.options.port));
+  // httplib listens with a backlog of 5: when a few hundred dashboards connect at once, the
+  // kernel drops their SYNs and each retries a second later. Listening again raises it.
+  if (s.listening_fd >= 0) ::listen(s.listening_fd, SOMAXCONN);
   if (s.options.on_listening) s.options.on_listening(port);
 
   // stop() may come before listen_after_bind() has started, when httplib's own stop() would
