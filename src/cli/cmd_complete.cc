@@ -122,6 +122,9 @@ Candidates option_values(const CLI::Option& option, const std::string& current,
     values = name == "gpus" ? gpu_values(backend) : host_values(backend);
   } else if (name == "backend") {
     values = {{"file", "lock files of this machine"}, {"redis://", "a Redis server's pool"}};
+  } else if (name == "listen") {
+    values = {{"127.0.0.1:9400", "loopback only (the default)"},
+              {"0.0.0.0:9400", "every interface: anyone who can connect sees the page"}};
   } else {
     values = member_values(option);
   }

@@ -182,3 +182,12 @@ def test_a_non_loopback_address_is_warned_about(gl):
     server = start_serve(gl, env=gl.env(fake="2"), listen="0.0.0.0:0")
     wait_until(lambda: "reachable from the network" in server.stderr(),
                what="the network warning")
+
+
+def test_completion_offers_listen_addresses_and_the_new_commands(gl):
+    result = gl.run("__complete", "--", "serve", "--listen", "")
+    assert result.returncode == 0
+    assert [line.split("\t")[0] for line in result.stdout.splitlines()] == [
+        "127.0.0.1:9400", "0.0.0.0:9400"]
+    commands = [line.split("\t")[0] for line in gl.run("__complete", "--", "").stdout.splitlines()]
+    assert "metrics" in commands and "serve" in commands
