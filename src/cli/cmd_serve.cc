@@ -31,6 +31,14 @@ void add_serve_command(CLI::App& app, int* exit_status) {
   command->callback([listen, backend, exit_status] {
     serve::ServeOptions options;
     serve::parse_listen_address(*listen, options);
+    // SIGTERM and SIGINT are taken by one thread (blocked in all others, which inherit the
+    // mask: hence before the pool or the server start any), which stops the server; run()
+    // then returns and gpulock exits 0.
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
     GpuPool pool = open_pool(*backend);
     options.show_commands = pool.config().serve_show_commands;
     options.on_listening = [&options](int port) {
@@ -44,13 +52,6 @@ void add_serve_command(CLI::App& app, int* exit_status) {
                    options.show_commands ? " and their full command lines" : "");
       std::fflush(stderr);
     };
-    // SIGTERM and SIGINT are taken by one thread (blocked in all others, which inherit the
-    // mask), which stops the server; run() then returns and gpulock exits 0.
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGTERM);
-    sigaddset(&stop_signals, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
     serve::DashboardServer server(pool, options);
     std::atomic<bool> finished{false};
     std::thread signal_waiter([&] {
