@@ -89,7 +89,7 @@ def test_hidden_command_is_not_in_help(gl):
 def test_completes_commands(gl):
     commands = set(complete(gl, ""))
     assert commands == {"run", "acquire", "release", "status", "queue", "gpus", "init",
-                        "doctor", "version"}
+                        "doctor", "metrics", "serve", "version"}
     assert complete(gl, "st") == ["status"]
 
 
