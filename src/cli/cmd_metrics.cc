@@ -54,8 +54,10 @@ void add_metrics_command(CLI::App& app, int* exit_status) {
   auto output = std::make_shared<std::string>();
   auto whole_pool = std::make_shared<bool>(false);
   auto backend = std::make_shared<std::string>();
-  command->add_option("-o,--output", *output,
-                      "Write to FILE atomically (for node_exporter's textfile collector)");
+  command
+      ->add_option("-o,--output", *output,
+                   "Write to FILE atomically (for node_exporter's textfile collector)")
+      ->type_name("FILE");
   command->add_flag("--pool", *whole_pool,
                     "Redis backend: every host of the pool, not only this one");
   add_backend_option(*command, *backend);

@@ -25,8 +25,10 @@ void add_serve_command(CLI::App& app, int* exit_status) {
       "serve", "Serve metrics, the JSON documents and a live dashboard over HTTP (read-only)");
   auto listen = std::make_shared<std::string>("127.0.0.1:9400");
   auto backend = std::make_shared<std::string>();
-  command->add_option("--listen", *listen,
-                      "HOST:PORT to listen on (default 127.0.0.1:9400; port 0: any free port)");
+  command
+      ->add_option("--listen", *listen,
+                   "HOST:PORT to listen on (default 127.0.0.1:9400; port 0: any free port)")
+      ->type_name("HOST:PORT");
   add_backend_option(*command, *backend);
   command->callback([listen, backend, exit_status] {
     serve::ServeOptions options;
@@ -41,6 +43,8 @@ void add_serve_command(CLI::App& app, int* exit_status) {
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
     GpuPool pool = open_pool(*backend);
     options.show_commands = pool.config().serve_show_commands;
+    // /api/usage: options.usage takes a function (since, by) -> the usage JSON document; left
+    // unset, the endpoint answers 503 "usage journal not available".
     options.on_listening = [&options](int port) {
       const bool v6 = options.host.find(':') != std::string::npos;
       fmt::print(stderr, "gpulock serve: listening on http://{}{}{}:{}/\n", v6 ? "[" : "",
