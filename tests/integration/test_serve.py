@@ -191,3 +191,21 @@ def test_completion_offers_listen_addresses_and_the_new_commands(gl):
         "127.0.0.1:9400", "0.0.0.0:9400"]
     commands = [line.split("\t")[0] for line in gl.run("__complete", "--", "").stdout.splitlines()]
     assert "metrics" in commands and "serve" in commands
+
+
+def test_failed_readings_answer_503_until_they_recover(gl):
+    path = gl.write_fake_gpus([{}, {}])
+    server = start_serve(gl, env=gl.env(fake=path))
+    assert get(server.port, "/api/status")[0] == 200
+    gl.write_fake_gpus([{"utilization": 250}])  # impossible: the source refuses the file
+
+    def refused():
+        status, _, body = get(server.port, "/api/status")
+        return body if status == 503 else None
+    body = wait_until(refused, what="/api/status to answer 503")
+    assert "utilization" in json.loads(body)["error"]
+    assert get(server.port, "/metrics")[0] == 503
+    gl.write_fake_gpus([{}, {}, {}])
+    wait_until(lambda: get(server.port, "/api/status")[0] == 200, what="/api/status to recover")
+    assert len(json.loads(get(server.port, "/api/status")[2])["gpus"]) == 3
+    assert server.alive()
