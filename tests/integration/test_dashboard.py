@@ -12,7 +12,6 @@ import json
 import os
 import pwd
 import shutil
-import subprocess
 
 import pytest
 
