@@ -8,6 +8,7 @@ import pathlib
 import pytest
 
 from conftest import EX_UNAVAILABLE
+from gpulock_testing import wait_until
 
 
 def fake_library(name):
@@ -85,3 +86,19 @@ def test_driver_that_fails_to_initialise(gl):
     result = gl.run("gpus", env=env)
     assert result.returncode == EX_UNAVAILABLE, result.stderr
     assert "GPULOCK_FAKE_GPUS" in result.stderr
+
+
+def test_idle_gpus_are_followed_across_status_runs_through_nvml(gl):
+    # NVML gives one utilisation reading per query: "at 0 % for idle_after" comes from the
+    # readings that successive `gpulock status` runs keep in the user's state directory.
+    config = gl.tmp / "config.toml"
+    config.write_text('idle_after = "1s"\n')
+    env = nvml_env(gl, fake_library("libfake_nvml_full.so"))
+    env["GPULOCK_CONFIG"] = str(config)
+    holder, lease_id = gl.hold("--gpus", "0", env=env)
+    first = gl.gpu_status(0, env=env)
+    assert first["utilization_percent"] == 0 and first["idle"] is False
+    idle = wait_until(lambda: (lambda g: g if g["idle"] else None)(gl.gpu_status(0, env=env)),
+                      what="GPU 0 to be idle")
+    assert idle["idle_since"] == pytest.approx(first["idle_since"])
+    assert (gl.tmp / "state" / "gpulock" / "idle-readings.json").is_file()
