@@ -21,9 +21,14 @@
 //   pool = "lab"                   # the key prefix's name; default: the host name
 //   lease_ttl = "30s"
 //   redis_password_file = "/etc/gpulock/redis.password"
+//
+//   # The local usage journal (docs/operations.md); GPULOCK_JOURNAL_DIR overrides it.
+//   journal_dir = "/var/lib/gpulock/journal"   # or "off"
+//   journal_file_size = "64M"                   # rotated past this size
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -53,6 +58,8 @@ struct Config {
   std::string pool;                            // the Redis pool's name; "" = default
   std::optional<std::chrono::milliseconds> lease_ttl;
   std::string redis_password_file;
+  std::string journal_dir;  // the local usage journal's directory, "off", or "" = the default
+  std::uint64_t journal_file_size = 64ull << 20;  // a journal file is rotated past this size
 
   // The limits that apply to `user`: their own entries, else the defaults, field by field.
   UserLimits limits_for(const std::string& user) const;
