@@ -115,14 +115,14 @@ bool FileJournal::open_own_file(std::string& why) {
     }
   }
   const std::string name = own_file_name();
-  UniqueFd fd(::openat(dir_fd_.get(), name.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd fd(::openat(dir_fd_.get(), name.c_str(), O_RDWR | O_APPEND | O_NOFOLLOW | O_CLOEXEC));
   if (!fd && errno == ENOENT) {
     fd.reset(::openat(dir_fd_.get(), name.c_str(),
-                      O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+                      O_RDWR | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (fd)
       ::fchmod(fd.get(), 0644);
     else if (errno == EEXIST)  // another process of ours made it meanwhile
-      fd.reset(::openat(dir_fd_.get(), name.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC));
+      fd.reset(::openat(dir_fd_.get(), name.c_str(), O_RDWR | O_APPEND | O_NOFOLLOW | O_CLOEXEC));
   }
   if (!fd) {
     why = errno_message(fmt::format("cannot open {}", name), errno);
@@ -135,6 +135,11 @@ bool FileJournal::open_own_file(std::string& why) {
     why = fmt::format("{} is not a plain file of ours (planted by someone else?)", name);
     return false;
   }
+  // A writer that died mid-line (or a full disk) may have left a line without its newline:
+  // ending it keeps our first record from being glued to it (the torn line is skipped alone).
+  char last = '\n';
+  if (st.st_size > 0 && ::pread(fd.get(), &last, 1, st.st_size - 1) == 1 && last != '\n')
+    (void)!::write(fd.get(), "\n", 1);
   file_ = std::move(fd);
   opened_by_ = ::getpid();
   return true;
