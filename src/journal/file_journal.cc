@@ -69,22 +69,15 @@ std::optional<std::string> read_whole(int dir_fd, const std::string& name, std::
 }  // namespace
 
 std::string journal_directory(const std::string& configured, const std::filesystem::path& lock_dir,
-                              bool lock_dir_is_default, bool* is_default) {
-  *is_default = false;
+                              bool lock_dir_is_default) {
   if (const char* named = std::getenv("GPULOCK_JOURNAL_DIR"); named && *named) return named;
   if (!configured.empty()) return configured;
-  if (lock_dir_is_default) {
-    *is_default = true;
-    return "/var/lib/gpulock/journal";
-  }
+  if (lock_dir_is_default) return "/var/lib/gpulock/journal";
   return (lock_dir / "journal").string();
 }
 
-FileJournal::FileJournal(std::filesystem::path directory, std::uint64_t max_file_bytes,
-                         bool quiet_if_absent)
-    : directory_(std::move(directory)),
-      max_file_bytes_(max_file_bytes),
-      quiet_if_absent_(quiet_if_absent) {}
+FileJournal::FileJournal(std::filesystem::path directory, std::uint64_t max_file_bytes)
+    : directory_(std::move(directory)), max_file_bytes_(max_file_bytes) {}
 
 void FileJournal::warn_once(const std::string& what) noexcept {
   if (warned_.exchange(true)) return;
@@ -104,7 +97,7 @@ bool FileJournal::open_own_file(std::string& why) {
         if (dir_fd_) ::fchmod(dir_fd_.get(), 01777);  // others may then add their own files
       } else if (errno == EEXIST) {
         dir_fd_ = open_directory(path);
-      } else if (quiet_if_absent_) {
+      } else {
         why.clear();  // no journal set up here (`gpulock init` makes it): silently off
         return false;
       }

@@ -29,10 +29,11 @@ inline constexpr std::uint64_t kDefaultJournalFileBytes = 64ull << 20;
 
 class FileJournal final : public UsageJournal {
  public:
-  // `directory` is made (mode 1777) when missing if its parent lets us. `quiet_if_absent`: a
-  // directory that is missing and cannot be made turns the journal off without a warning (the
-  // default location, which `gpulock init` makes).
-  FileJournal(std::filesystem::path directory, std::uint64_t max_file_bytes, bool quiet_if_absent);
+  // `directory` is made (mode 1777) when missing if its parent lets us. One that is missing and
+  // cannot be made turns the journal off without a warning: it was not set up on this machine
+  // (`gpulock init` makes it; `gpulock usage` and `gpulock log` say it is missing). One that
+  // exists but cannot be written warns once per process.
+  FileJournal(std::filesystem::path directory, std::uint64_t max_file_bytes);
 
   void append(const JournalRecord& record) noexcept override;
   JournalContents read() override;
@@ -52,7 +53,6 @@ class FileJournal final : public UsageJournal {
 
   const std::filesystem::path directory_;
   const std::uint64_t max_file_bytes_;
-  const bool quiet_if_absent_;
   std::mutex mutex_;
   UniqueFd dir_fd_;
   UniqueFd file_;
@@ -63,8 +63,8 @@ class FileJournal final : public UsageJournal {
 
 // Where the local journal lives: GPULOCK_JOURNAL_DIR, else the config's journal_dir, else
 // /var/lib/gpulock/journal when the lock directory is a default one, else <lock dir>/journal.
-// "off" (either way) turns the journal off. `is_default` is set when none of these was given.
+// "off" (either way) turns the journal off.
 std::string journal_directory(const std::string& configured, const std::filesystem::path& lock_dir,
-                              bool lock_dir_is_default, bool* is_default);
+                              bool lock_dir_is_default);
 
 }  // namespace gpulock
