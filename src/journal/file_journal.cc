@@ -23,6 +23,7 @@
 namespace gpulock {
 namespace {
 
+constexpr unsigned kSizeCheckInterval = 64;
 constexpr std::uint64_t kMaxReadBytes = 1ull << 30;  // one file read back; larger is damage
 
 std::string own_file_name() {
@@ -134,14 +135,18 @@ bool FileJournal::open_own_file(std::string& why) {
   if (st.st_size > 0 && ::pread(fd.get(), &last, 1, st.st_size - 1) == 1 && last != '\n')
     (void)!::write(fd.get(), "\n", 1);
   file_ = std::move(fd);
+  size_estimate_ = static_cast<std::uint64_t>(st.st_size);
+  appends_since_check_ = 0;
   opened_by_ = ::getpid();
   return true;
 }
 
 void FileJournal::rotate_if_full() {
+  appends_since_check_ = 0;
   struct stat st {};
-  if (::fstat(file_.get(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) < max_file_bytes_)
-    return;
+  if (::fstat(file_.get(), &st) != 0) return;
+  size_estimate_ = static_cast<std::uint64_t>(st.st_size);
+  if (size_estimate_ < max_file_bytes_) return;
   // Every process of this user that finds the file full gets here; the flock makes one of them
   // rename it, and the others find the name already pointing at a new file.
   while (::flock(file_.get(), LOCK_EX) != 0 && errno == EINTR) {
@@ -185,7 +190,9 @@ void FileJournal::append(const JournalRecord& record) noexcept {
       warn_once(errno_message("cannot append a record", e));
       return;  // later records are tried again: the disk may have room by then
     }
-    rotate_if_full();
+    size_estimate_ += line.size();
+    if (size_estimate_ >= max_file_bytes_ || ++appends_since_check_ >= kSizeCheckInterval)
+      rotate_if_full();
   } catch (...) {
     warn_once("out of memory");
   }

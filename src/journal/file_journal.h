@@ -56,6 +56,10 @@ class FileJournal final : public UsageJournal {
   std::mutex mutex_;
   UniqueFd dir_fd_;
   UniqueFd file_;
+  // Our file's size as last seen plus what we appended since; the real size (others append
+  // too) is looked at when this passes the limit, and every kSizeCheckInterval appends.
+  std::uint64_t size_estimate_ = 0;
+  unsigned appends_since_check_ = 0;
   pid_t opened_by_ = 0;  // a forked child reopens (its own descriptor, its own offset checks)
   bool disabled_ = false;
   std::atomic<bool> warned_{false};

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "util/crc32.h"
@@ -17,27 +18,80 @@ constexpr std::size_t kMaxField = 1024;  // any one string read back
 constexpr std::size_t kMaxGpus = 1024;
 constexpr double kLatestTime = 32503680000.0;  // year 3000: times beyond are damage
 
-json record_to_json(const JournalRecord& r) {
-  if (r.kind == JournalRecord::Kind::kEnd)
-    return {{"v", 1},
-            {"event", "end"},
-            {"lease_id", r.lease_id},
-            {"time", r.time},
-            {"how", lease_end_name(r.end)},
-            {"inferred", r.inferred}};
-  json gpus = json::array();
-  for (const auto& gpu : r.gpus) gpus.push_back({{"uuid", gpu.uuid}, {"index", gpu.index}});
-  return {{"v", 1},
-          {"event", "start"},
-          {"lease_id", r.lease_id},
-          {"time", r.time},
-          {"user", r.user},
-          {"uid", r.uid},
-          {"host", r.host},
-          {"gpus", gpus},
-          {"label", r.label},
-          {"command", r.command},
-          {"waited_seconds", r.waited_seconds}};
+// Appends `text` as a JSON string. Written by hand rather than through nlohmann::json because a
+// record is made on every lease start and end (the journal's cost is budgeted in microseconds).
+// Invalid UTF-8 becomes '?', so that every line parses back.
+void append_string(std::string& out, std::string_view text) {
+  out += '"';
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      if (c == '"' || c == '\\') {
+        out += '\\';
+        out += static_cast<char>(c);
+      } else if (c < 0x20 || c == 0x7F) {
+        out += fmt::format("\\u{:04x}", c);
+      } else {
+        out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    // A multi-byte sequence: its length from the lead byte, its continuation bytes checked.
+    const std::size_t length = (c & 0xE0) == 0xC0 && c >= 0xC2   ? 2
+                               : (c & 0xF0) == 0xE0              ? 3
+                               : (c & 0xF8) == 0xF0 && c <= 0xF4 ? 4
+                                                                 : 0;
+    bool valid = length != 0 && i + length <= text.size();
+    for (std::size_t k = 1; valid && k < length; ++k)
+      valid = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
+    if (valid && length == 3) {  // no overlong forms, no surrogates
+      const auto c1 = static_cast<unsigned char>(text[i + 1]);
+      valid = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);
+    } else if (valid && length == 4) {
+      const auto c1 = static_cast<unsigned char>(text[i + 1]);
+      valid = !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);
+    }
+    if (valid) {
+      out.append(text.substr(i, length));
+      i += length;
+    } else {
+      out += '?';
+      ++i;
+    }
+  }
+  out += '"';
+}
+
+std::string record_text(const JournalRecord& r) {
+  std::string out;
+  out.reserve(256 + r.command.size() + r.label.size());
+  out += R"({"v":1,"event":)";
+  out += r.kind == JournalRecord::Kind::kEnd ? R"("end")" : R"("start")";
+  out += R"(,"lease_id":)";
+  append_string(out, r.lease_id);
+  out += fmt::format(R"(,"time":{})", r.time);
+  if (r.kind == JournalRecord::Kind::kEnd) {
+    out += fmt::format(R"(,"how":"{}","inferred":{}}})", lease_end_name(r.end),
+                       r.inferred ? "true" : "false");
+    return out;
+  }
+  out += R"(,"user":)";
+  append_string(out, r.user);
+  out += fmt::format(R"(,"uid":{},"host":)", r.uid);
+  append_string(out, r.host);
+  out += R"(,"gpus":[)";
+  for (std::size_t i = 0; i < r.gpus.size(); ++i) {
+    out += i ? R"(,{"uuid":)" : R"({"uuid":)";
+    append_string(out, r.gpus[i].uuid);
+    out += fmt::format(R"(,"index":{}}})", r.gpus[i].index);
+  }
+  out += R"(],"label":)";
+  append_string(out, r.label);
+  out += R"(,"command":)";
+  append_string(out, r.command);
+  out += fmt::format(R"(,"waited_seconds":{}}})", r.waited_seconds);
+  return out;
 }
 
 // Cuts on a UTF-8 character boundary.
@@ -65,17 +119,17 @@ bool read_time(const json& j, const char* key, double& out) {
 }  // namespace
 
 std::string journal_record_json(const JournalRecord& record) {
-  std::string text = record_to_json(record).dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string text = record_text(record);
   if (text.size() + 10 <= kMaxJournalLine) return text;
   // Too long: the command and label are the only unbounded parts.
   JournalRecord shorter = record;
   shorter.command = cut(shorter.command, 512);
   shorter.label = cut(shorter.label, 256);
-  text = record_to_json(shorter).dump(-1, ' ', false, json::error_handler_t::replace);
+  text = record_text(shorter);
   if (text.size() + 10 <= kMaxJournalLine) return text;
   shorter.command.clear();
   shorter.label = cut(shorter.label, 64);
-  return record_to_json(shorter).dump(-1, ' ', false, json::error_handler_t::replace);
+  return record_text(shorter);
 }
 
 std::string journal_line(const JournalRecord& record) {

@@ -93,6 +93,19 @@ TEST(JournalLine, ValidChecksumButBadFieldsIsRejected) {
   EXPECT_FALSE(parse_journal_record_json("[1,2]", &why));
 }
 
+TEST(JournalLine, ControlCharactersQuotesAndInvalidUtf8RoundTrip) {
+  JournalRecord s = start("dddd", 5, "dave", {"GPU-1"});
+  s.command = std::string("say \"hi\"\\ \n\t\x1b[31m \xff\xfe caf\xc3\xa9 \xe2\x82");
+  s.label = "\xc3";  // a cut multi-byte character
+  const std::string line = journal_line(s);
+  std::string why;
+  const auto back = parse_journal_line(std::string_view(line).substr(0, line.size() - 1), &why);
+  ASSERT_TRUE(back) << why;
+  EXPECT_EQ(back->command, "say \"hi\"\\ \n\t\x1b[31m ?? caf\xc3\xa9 ??");
+  EXPECT_EQ(back->label, "?");
+  EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1);
+}
+
 TEST(JournalLine, LongCommandsAreCutToFitOneLine) {
   JournalRecord s = start("cccc", 5, "carol", {"GPU-1"});
   s.command = std::string(100000, 'x');
