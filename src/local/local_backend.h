@@ -69,6 +69,8 @@ class LocalBackend final : public LeaseBackend {
                      std::vector<IndexEntry>* gone = nullptr);
   // The queue as people see it; `devices` when the caller has a fresh inventory already.
   QueueStatus queue_status(const std::vector<Device>* devices = nullptr);
+  // `gpulock doctor`'s check of the usage journal's directory.
+  DoctorCheck journal_check() const;
   // The user name of a uid, cached: planning asks for it often.
   const std::string& user_of(uid_t uid);
 
