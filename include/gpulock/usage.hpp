@@ -42,6 +42,9 @@ struct JournalRecord {
   // End records.
   LeaseEnd end = LeaseEnd::kReleased;
   bool inferred = false;  // written by a reader that found the lease gone, not by its holder
+  // Who wrote the record, where the journal knows (the owner of the local file it was read
+  // from); unset for Redis. Not part of the record's text.
+  std::optional<unsigned> writer_uid;
 };
 
 // A lease as the journal tells it: its start, and its end once known.
@@ -81,6 +84,10 @@ struct UsageReport {
 };
 
 // Pairs starts with ends. A start whose end is missing is still running (ended_at unset).
+// Where the writer is known, a start is believed only from its own user (or root), and a
+// written end only from the start's user (or root): nobody can claim or end others' leases
+// in their own journal file. Inferred ends are believed from anyone, and a written end
+// overrides them.
 std::vector<UsageLease> pair_journal_records(const std::vector<JournalRecord>& records);
 
 // GPU-hours are counted only inside [since, until): a lease that overlaps the window counts

@@ -38,8 +38,10 @@ UniqueFd open_directory(const std::string& path) {
   return UniqueFd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
 }
 
-// The whole content of a regular file under the directory; nullopt with `why` otherwise.
-std::optional<std::string> read_whole(int dir_fd, const std::string& name, std::string& why) {
+// The whole content of a regular file under the directory, and its owner; nullopt with `why`
+// otherwise.
+std::optional<std::string> read_whole(int dir_fd, const std::string& name, std::string& why,
+                                      unsigned& owner) {
   UniqueFd fd(::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (!fd) {
     why = std::strerror(errno);
@@ -54,6 +56,7 @@ std::optional<std::string> read_whole(int dir_fd, const std::string& name, std::
     why = "larger than 1 GiB";
     return std::nullopt;
   }
+  owner = st.st_uid;
   std::string bytes;
   bytes.resize(static_cast<std::size_t>(st.st_size));
   std::size_t got = 0;
@@ -239,7 +242,8 @@ JournalContents FileJournal::read() {
   std::sort(names.begin(), names.end());
   for (const auto& name : names) {
     std::string why;
-    const auto bytes = read_whole(dir.get(), name, why);
+    unsigned owner = 0;
+    const auto bytes = read_whole(dir.get(), name, why, owner);
     if (!bytes) {
       contents.warnings.push_back(fmt::format("{}/{}: skipped: {}", contents.location, name, why));
       continue;
@@ -253,6 +257,7 @@ JournalContents FileJournal::read() {
       begin = end + 1;
       if (line.empty()) continue;
       if (auto record = parse_journal_line(line, &why)) {
+        record->writer_uid = owner;
         contents.records.push_back(std::move(*record));
       } else {
         contents.warnings.push_back(fmt::format("{}/{} line {}: damaged record skipped: {}",

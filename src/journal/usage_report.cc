@@ -112,10 +112,14 @@ const char* usage_grouping_name(UsageGrouping grouping) noexcept {
 }
 
 std::vector<UsageLease> pair_journal_records(const std::vector<JournalRecord>& records) {
+  const auto written_by = [](const JournalRecord& r, unsigned uid) {
+    return !r.writer_uid || *r.writer_uid == uid || *r.writer_uid == 0;
+  };
   std::vector<UsageLease> leases;
   std::unordered_map<std::string, std::size_t> by_id;
   for (const auto& r : records) {
     if (r.kind != JournalRecord::Kind::kStart || by_id.contains(r.lease_id)) continue;
+    if (!written_by(r, r.uid)) continue;  // a start claimed for someone else
     by_id.emplace(r.lease_id, leases.size());
     leases.push_back(UsageLease{r, std::nullopt, std::nullopt, false});
   }
@@ -124,6 +128,7 @@ std::vector<UsageLease> pair_journal_records(const std::vector<JournalRecord>& r
     const auto it = by_id.find(r.lease_id);
     if (it == by_id.end()) continue;  // its start rotated away or was damaged
     UsageLease& lease = leases[it->second];
+    if (!r.inferred && !written_by(r, lease.start.uid)) continue;  // not the holder's to write
     // The first end written wins; a written end beats an inferred one.
     if (lease.ended_at && (!lease.end_inferred || r.inferred)) continue;
     lease.ended_at = std::max(r.time, lease.start.time);

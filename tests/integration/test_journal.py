@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import time
+import zlib
 
 import pytest
 
@@ -178,6 +179,23 @@ def test_two_users_append_at_once(mu):
         path = journal_dir(mu) / ("usage-%d.log" % user.uid)
         st = os.stat(path)
         assert st.st_uid == user.uid and stat.S_IMODE(st.st_mode) == 0o644
+    # A well-formed end of A's lease in B's own file changes nothing: only a lease's own user
+    # (or root) may end it in writing.
+    def usage_of_a():
+        doc = json.loads(mu.run("usage", "--since", "1d", "--json").stdout)
+        return [g for g in doc["groups"] if g["key"] == a.name][0]["gpu_hours"]
+    before = usage_of_a()
+    first = [r for r in doc["records"] if r["event"] == "start" and r["user"] == a.name][0]
+    forged = json.dumps({"v": 1, "event": "end", "lease_id": first["lease_id"],
+                         "time": first["time"], "how": "released", "inferred": False},
+                        separators=(",", ":"))
+    line = "%08x %s\n" % (zlib.crc32(forged.encode()), forged)
+    result = subprocess.run(b.prefix() + ["sh", "-c", 'printf %s "$1" >> "$0"',
+                                          str(journal_dir(mu) / ("usage-%d.log" % b.uid)), line],
+                            capture_output=True, timeout=HANG)
+    assert result.returncode == 0, result.stderr
+    assert usage_of_a() == before
+
     # Nobody may rewrite another user's records.
     other = journal_dir(mu) / ("usage-%d.log" % a.uid)
     result = subprocess.run(b.prefix() + ["sh", "-c", 'echo forged >> "$0"', str(other)],

@@ -126,6 +126,25 @@ TEST(UsagePairing, FirstWrittenEndWinsAndWrittenBeatsInferred) {
   EXPECT_FALSE(leases[0].end_inferred);
 }
 
+TEST(UsagePairing, NobodyClaimsOrEndsAnothersLease) {
+  auto real = start("a", 0, "alice", {"G"});
+  real.writer_uid = 1000;  // alice's own file
+  auto forged_start = start("f", 0, "alice", {"G"});
+  forged_start.writer_uid = 2000;  // bob claims a lease for alice
+  auto forged_end = end("a", 10);
+  forged_end.writer_uid = 2000;  // bob ends alice's lease early
+  auto real_end = end("a", 100);
+  real_end.writer_uid = 1000;
+  const auto leases = pair_journal_records({real, forged_start, forged_end, real_end});
+  ASSERT_EQ(leases.size(), 1u);
+  EXPECT_EQ(leases[0].start.lease_id, "a");
+  EXPECT_DOUBLE_EQ(*leases[0].ended_at, 100);
+  // Root's records count for anyone (`gpulock init`, an administrator's repair).
+  auto root_end = end("a", 50);
+  root_end.writer_uid = 0;
+  EXPECT_DOUBLE_EQ(*pair_journal_records({real, root_end, real_end})[0].ended_at, 50);
+}
+
 TEST(UsageSummary, GpuHoursWaitsAndWindow) {
   const std::vector<JournalRecord> records = {
       start("a", 0, "alice", {"G0", "G1"}, "x", 10), end("a", 3600),  // 2 GPU-hours
