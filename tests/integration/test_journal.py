@@ -352,3 +352,19 @@ def test_redis_sigkilled_job_is_inferred_ended(rw):
                timeout=HANG, what="the lease to expire")
     leases = by_lease(json.loads(rw.run("log", "--json").stdout)["records"])
     assert [e["how"] for e in leases[holder.lease_id]["end"]] == ["holder_died"]
+
+
+def test_detached_lease_end_is_written_by_its_holder(gl):
+    """`gpulock acquire --for-pid`: the detached holder, not the acquiring process, writes the
+    end, once, when the watched shell exits."""
+    script = 'eval "$("$0" acquire -n 1 --for-pid $$)" && echo $GPULOCK_LEASE_ID'
+    result = subprocess.run(["sh", "-c", script, gl.binary], env=gl.env(), capture_output=True,
+                            text=True, timeout=HANG)
+    assert result.returncode == 0, result.stderr
+    lease = result.stdout.strip()
+
+    def ended():
+        return "end" in by_lease(log_doc(gl)[0]["records"]).get(lease, {})
+    wait_until(ended, timeout=HANG, what="the detached lease's end record")
+    ends = by_lease(log_doc(gl)[0]["records"])[lease]["end"]
+    assert [(e["how"], e["inferred"]) for e in ends] == [("released", False)]
