@@ -9,6 +9,7 @@
 namespace gpulock {
 
 LeaseState::~LeaseState() {
+  journal_lease_end(*this);
   // A forked copy of a keeper that renews from a thread stays untouched (see LeaseKeeper): the
   // lease is the renewing process's.
   if (keeper && !keeper->belongs_to_this_process()) (void)keeper.release();

@@ -25,9 +25,13 @@
 //   # Monitoring (docs/operations.md).
 //   idle_after = "30m"             # a leased GPU at 0 % this long is reported idle
 //   serve_show_commands = false    # `gpulock serve` shows full command lines over HTTP
+//   # The local usage journal (docs/operations.md); GPULOCK_JOURNAL_DIR overrides it.
+//   journal_dir = "/var/lib/gpulock/journal"   # or "off"
+//   journal_file_size = "64M"                   # rotated past this size
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -59,6 +63,8 @@ struct Config {
   std::string redis_password_file;
   std::chrono::seconds idle_after{30 * 60};
   bool serve_show_commands = false;
+  std::string journal_dir;  // the local usage journal's directory, "off", or "" = the default
+  std::uint64_t journal_file_size = 64ull << 20;  // a journal file is rotated past this size
 
   // The limits that apply to `user`: their own entries, else the defaults, field by field.
   UserLimits limits_for(const std::string& user) const;

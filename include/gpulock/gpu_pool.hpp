@@ -22,6 +22,7 @@
 #include "gpulock/lease.hpp"
 #include "gpulock/request.hpp"
 #include "gpulock/status.hpp"
+#include "gpulock/usage.hpp"
 
 namespace gpulock {
 
@@ -96,6 +97,15 @@ class GpuPool {
   // and all lock files root-owned, so that no user can delete another's lock file (which would let
   // a second job lease a held GPU). Meant for boot time: `gpulock init`.
   void prepare();
+
+  // The usage journal's records (docs/operations.md). A start without an end whose lease no
+  // longer holds its GPUs gets an inferred "holder_died" end, which is written to the journal
+  // too. Throws kEnvironment where the backend cannot be asked (Redis unreachable).
+  JournalContents journal();
+  // GPU-hours, leases and waits per group in [since, until) (seconds since the Unix epoch).
+  UsageReport usage(double since, double until, UsageGrouping grouping);
+  // Where the usage journal is kept, for people; "off" when it is turned off.
+  std::string journal_location() const;
 
   DeviceSource& device_source();
   const std::filesystem::path& lock_dir() const;  // empty on the Redis backend

@@ -13,4 +13,5 @@
 #include "gpulock/request.hpp"
 #include "gpulock/run.hpp"
 #include "gpulock/status.hpp"
+#include "gpulock/usage.hpp"
 #include "gpulock/version.hpp"

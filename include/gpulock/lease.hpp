@@ -90,6 +90,8 @@ class Lease {
  private:
   // Hands the lease's keeper to a detached holder across a fork (run.hpp).
   friend pid_t detach_lease(Lease& lease, pid_t watched_pid);
+  // Records the lease's start in the usage journal.
+  friend class GpuPool;
 
   // What the lease is, and its backend's keeper; null once released.
   std::unique_ptr<LeaseState> state_;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "gpulock/queue.hpp"
 #include "gpulock/request.hpp"
 #include "gpulock/status.hpp"
+#include "journal/usage_journal.h"
 
 namespace gpulock {
 
@@ -40,6 +42,8 @@ class LeaseBackend {
   virtual DeviceSource& device_source() = 0;
   virtual const std::filesystem::path& lock_dir() const = 0;  // empty where there is none
   virtual std::vector<std::string> warnings() const = 0;
+  // Where lease starts and ends are recorded (never null; a DisabledJournal when turned off).
+  virtual std::shared_ptr<UsageJournal> journal() = 0;
 };
 
 }  // namespace gpulock

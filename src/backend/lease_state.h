@@ -12,6 +12,7 @@
 #include "backend/holder_record.h"
 #include "backend/lease_keeper.h"
 #include "gpulock/lease.hpp"
+#include "journal/lease_journal.h"
 
 namespace gpulock {
 
@@ -22,8 +23,11 @@ struct LeaseState {
   // Who holds the lease, as others see it; the keeper publishes it after each change.
   HolderRecord record;
   std::unique_ptr<LeaseKeeper> keeper;
+  // The usage journal's end record, owed by one process (journal/lease_journal.h).
+  LeaseJournalDebt journal;
 
-  // A keeper that does not belong to this process (a forked copy) is left alone, not destroyed.
+  // Writes the journal's end record if this process owes it. A keeper that does not belong to
+  // this process (a forked copy) is left alone, not destroyed.
   ~LeaseState();
 };
 

@@ -49,6 +49,8 @@ void add_init_command(CLI::App& app, int* exit_status);
 void add_doctor_command(CLI::App& app, int* exit_status);
 void add_metrics_command(CLI::App& app, int* exit_status);
 void add_serve_command(CLI::App& app, int* exit_status);
+void add_usage_command(CLI::App& app, int* exit_status);  // cmd_usage.cc
+void add_log_command(CLI::App& app, int* exit_status);    // cmd_usage.cc
 // The hidden `__complete` command of the shell completion scripts (cmd_complete.cc).
 void add_complete_command(CLI::App& app, int* exit_status);
 

@@ -23,6 +23,7 @@ void add_init_command(CLI::App& app, int* exit_status) {
     pool.prepare();
     fmt::print("{}: lock files ready for {} GPUs{}\n", pool.lock_dir().string(),
                pool.devices().size(), ::geteuid() == 0 ? ", root-owned" : "");
+    fmt::print("usage journal: {}\n", pool.journal_location());
     *exit_status = 0;
   });
 }

@@ -140,10 +140,22 @@ class ConfigReader {
         const auto* flag = node.as_boolean();
         if (flag == nullptr) wrong_type(node, "'serve_show_commands'", "true or false");
         config.serve_show_commands = flag->get();
+      } else if (key == "journal_dir") {
+        config.journal_dir = read_text(node, "'journal_dir' (a directory, or \"off\")");
+      } else if (key == "journal_file_size") {
+        const std::string text = read_text(node, "'journal_file_size' (\"64M\")");
+        try {
+          config.journal_file_size = parse_size(text);
+        } catch (const Error& error) {
+          fail_at(node.source(), fmt::format("'journal_file_size': {}", error.what()));
+        }
+        if (config.journal_file_size < 4096)
+          fail_at(node.source(), "'journal_file_size': at least 4K");
       } else {
         unknown_key(key, node, "",
                     {"policy", "exclude_gpus", "limits", "backend", "pool", "lease_ttl",
-                     "redis_password_file", "idle_after", "serve_show_commands"});
+                     "redis_password_file", "idle_after", "serve_show_commands", "journal_dir",
+                     "journal_file_size"});
       }
     }
     return config;

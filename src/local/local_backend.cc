@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <thread>
 
@@ -71,7 +73,17 @@ LocalBackend::LocalBackend(std::unique_ptr<DeviceSource> source, PoolOptions opt
     : source_(std::move(source)),
       options_(std::move(options)),
       config_(options_.config ? *options_.config : load_config()),
-      dir_(LockDirectory::open(options_.lock_dir.value_or(default_lock_directory()))) {}
+      dir_(LockDirectory::open(options_.lock_dir.value_or(default_lock_directory()))) {
+  const bool lock_dir_is_default = !options_.lock_dir && !std::getenv("GPULOCK_DIR");
+  const std::string where =
+      journal_directory(config_.journal_dir, dir_.path(), lock_dir_is_default);
+  if (where == "off") {
+    journal_ = std::make_shared<DisabledJournal>();
+  } else {
+    file_journal_ = std::make_shared<FileJournal>(where, config_.journal_file_size);
+    journal_ = file_journal_;
+  }
+}
 
 LocalBackend::~LocalBackend() {
   if (acquire_mutex_fd_) forget_in_forked_child(acquire_mutex_fd_.get());
@@ -82,6 +94,16 @@ void LocalBackend::prepare() {
   for (const auto& device : source_->devices()) uuids.push_back(device.uuid);
   dir_.prepare(uuids);
   queue_dir(true)->prepare();
+  if (file_journal_) {
+    try {
+      file_journal_->prepare();
+    } catch (const Error& error) {
+      if (::geteuid() == 0) throw;
+      // A user's `gpulock init` of the default set-up cannot make /var/lib/gpulock: the
+      // leases do not need it.
+      std::fprintf(stderr, "gpulock: warning: %s\n", error.what());
+    }
+  }
 }
 
 QueueDirectory* LocalBackend::queue_dir(bool create) {

@@ -21,6 +21,7 @@
 #include "backend/queue_snapshot.h"
 #include "gpulock/config.hpp"
 #include "gpulock/gpu_pool.hpp"
+#include "journal/file_journal.h"
 #include "local/lock_directory.h"
 #include "local/queue_directory.h"
 #include "local/wait_channel.h"
@@ -47,6 +48,7 @@ class LocalBackend final : public LeaseBackend {
   DeviceSource& device_source() override { return *source_; }
   const std::filesystem::path& lock_dir() const override { return dir_.path(); }
   std::vector<std::string> warnings() const override { return dir_.warnings(); }
+  std::shared_ptr<UsageJournal> journal() override { return journal_; }
 
  private:
   // Locks exactly these GPUs and writes the holder records; nullopt if one is locked outside
@@ -70,6 +72,8 @@ class LocalBackend final : public LeaseBackend {
                      std::vector<IndexEntry>* gone = nullptr);
   // The queue as people see it; `devices` when the caller has a fresh inventory already.
   QueueStatus queue_status(const std::vector<Device>* devices = nullptr);
+  // `gpulock doctor`'s check of the usage journal's directory.
+  DoctorCheck journal_check() const;
   // The user name of a uid, cached: planning asks for it often.
   const std::string& user_of(uid_t uid);
 
@@ -114,6 +118,8 @@ class LocalBackend final : public LeaseBackend {
   PoolOptions options_;
   Config config_;
   LockDirectory dir_;
+  std::shared_ptr<UsageJournal> journal_;
+  std::shared_ptr<FileJournal> file_journal_;  // the same, where it is on
 
   // Serialises acquisitions: threads of this process via the mutex, all processes of the
   // machine via an OFD lock on the directory's acquire mutex file.

@@ -1,10 +1,38 @@
 // LocalBackend::doctor(): the checks of the local (file) backend's set-up.
+#include <sys/stat.h>
+
 #include <fmt/format.h>
 
 #include "gpulock/error.hpp"
 #include "local/local_backend.h"
 
 namespace gpulock {
+
+DoctorCheck LocalBackend::journal_check() const {
+  using Level = DoctorCheck::Level;
+  if (!file_journal_)
+    return {Level::kOk, "usage journal", "off (journal_dir or GPULOCK_JOURNAL_DIR)"};
+  const std::string where = file_journal_->location();
+  struct stat st {};
+  if (::lstat(where.c_str(), &st) != 0)
+    return {Level::kWarning, "usage journal",
+            fmt::format("{} does not exist yet: leases are recorded once a gpulock can make it; "
+                        "run `gpulock init` as root to make it root-owned",
+                        where)};
+  if (!S_ISDIR(st.st_mode))
+    return {Level::kWarning, "usage journal",
+            fmt::format("{} is not a directory: leases are not recorded", where)};
+  if ((st.st_mode & 01777) != 01777)
+    return {Level::kWarning, "usage journal",
+            fmt::format("{} has mode {:o}, not 1777: some users' leases may not be recorded", where,
+                        st.st_mode & 07777)};
+  if (st.st_uid != 0)
+    return {Level::kWarning, "usage journal",
+            fmt::format("{} is owned by uid {}, who may delete others' records; run `gpulock "
+                        "init` as root (docs/operations.md)",
+                        where, st.st_uid)};
+  return {Level::kOk, "usage journal", where};
+}
 
 std::vector<DoctorCheck> LocalBackend::doctor() {
   using Level = DoctorCheck::Level;
@@ -27,6 +55,7 @@ std::vector<DoctorCheck> LocalBackend::doctor() {
   }
   checks.push_back({Level::kOk, "config",
                     config_.source.empty() ? "no config file (defaults)" : config_.source});
+  checks.push_back(journal_check());
   return checks;
 }
 

@@ -37,8 +37,8 @@ void close_all_except(const std::set<int>& keep) {
     if (!keep.contains(fd)) ::close(fd);
 }
 
-[[noreturn]] void hold_until_done(Lease& lease, LeaseKeeper* keeper, const ProcessId& watched,
-                                  int pidfd, int ready_fd) {
+[[noreturn]] void hold_until_done(Lease& lease, LeaseKeeper* keeper, LeaseJournalDebt* journal,
+                                  const ProcessId& watched, int pidfd, int ready_fd) {
   const int null_fd = ::open("/dev/null", O_RDWR);
   if (null_fd >= 0) {
     ::dup2(null_fd, 0);
@@ -60,8 +60,10 @@ void close_all_except(const std::set<int>& keep) {
   std::set<int> keep(lease.lock_fds().begin(), lease.lock_fds().end());
   keep.insert({pidfd, ready_fd, signals});
   close_all_except(keep);
+  if (journal && journal->journal) journal->journal->forget_descriptors();
   // A lease that is renewed (Redis) is renewed from here on, by this process.
   if (keeper) keeper->resume_in_child();
+  if (journal) journal->owner = ::getpid();  // this holder writes the journal's end now
 
   lease.set_holder(::getpid(), "detached", watched.pid);
   const pid_t self = ::getpid();  // "ready": the holder's pid
@@ -106,6 +108,7 @@ pid_t detach_lease(Lease& lease, pid_t watched_pid) {
   // No thread may hold a lock across fork: the keeper's renewals stop until the holder resumes.
   LeaseKeeper* keeper = lease.state_ ? lease.state_->keeper.get() : nullptr;
   if (keeper) keeper->prepare_fork();
+  LeaseJournalDebt* journal = lease.state_ ? &lease.state_->journal : nullptr;
   int ready_pipe[2];
   if (::pipe2(ready_pipe, O_CLOEXEC) != 0)
     throw Error(ErrorCode::kInternal, errno_message("pipe2", errno));
@@ -116,7 +119,8 @@ pid_t detach_lease(Lease& lease, pid_t watched_pid) {
   if (middle == 0) {
     ::setsid();
     const pid_t holder = ::fork();
-    if (holder == 0) hold_until_done(lease, keeper, *watched, pidfd.get(), ready_write.get());
+    if (holder == 0)
+      hold_until_done(lease, keeper, journal, *watched, pidfd.get(), ready_write.get());
     ::_exit(holder < 0 ? 1 : 0);
   }
   ready_write.reset();
@@ -133,7 +137,8 @@ pid_t detach_lease(Lease& lease, pid_t watched_pid) {
     if (keeper) keeper->resume_in_child();  // still ours: renew it again (a fresh connection)
     throw Error(ErrorCode::kInternal, "the detached lease holder failed to start");
   }
-  if (keeper) keeper->disown();  // the holder renews and releases it now
+  if (keeper) keeper->disown();     // the holder renews and releases it now
+  if (journal) journal->owner = 0;  // and writes the journal's end record
   // The caller's own copies of the descriptors go with its Lease; the holder keeps the GPUs.
   return holder;
 }

@@ -1,5 +1,6 @@
 // RedisBackend: registration of this host's GPUs, reading the pool (snapshot) and planning it.
 #include "redis/redis_backend.h"
+#include "redis/redis_journal.h"
 
 #include <unistd.h>
 
@@ -59,7 +60,8 @@ RedisBackend::RedisBackend(std::unique_ptr<DeviceSource> source, Config config,
       options_(options),
       settings_(std::move(settings)),
       connections_(std::make_shared<RedisConnectionCache>(settings_.endpoint,
-                                                          std::chrono::milliseconds(5000))) {}
+                                                          std::chrono::milliseconds(5000))),
+      journal_(std::make_shared<RedisJournal>(connections_, settings_.prefix() + "journal")) {}
 
 std::optional<Device> RedisBackend::registered_device(const std::string& static_json,
                                                       const std::string& readings_json) {

@@ -45,6 +45,7 @@ class RedisBackend final : public LeaseBackend {
   DeviceSource& device_source() override { return *source_; }
   const std::filesystem::path& lock_dir() const override;  // empty: there is none
   std::vector<std::string> warnings() const override { return {}; }
+  std::shared_ptr<UsageJournal> journal() override { return journal_; }
   const RedisSettings& settings() const { return settings_; }
 
   // The pool as one snapshot script call read it.
@@ -104,6 +105,7 @@ class RedisBackend final : public LeaseBackend {
   PoolOptions options_;
   RedisSettings settings_;
   std::shared_ptr<RedisConnectionCache> connections_;
+  std::shared_ptr<UsageJournal> journal_;  // the pool's stream
 
   std::mutex mutex_;
   std::string registered_signature_;

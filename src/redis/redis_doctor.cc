@@ -32,6 +32,7 @@ std::string expected_type(const std::string& key, const std::string& prefix) {
   if (rest == "version" || rest == "token" || rest == "token_copy" || rest == "queue_seq")
     return "string";
   if (rest == "hosts" || rest == "queue") return "zset";
+  if (rest == "journal") return "stream";  // the usage journal (redis/redis_journal.h)
   if (starts("host:") || starts("gpu:") || starts("lease:") || starts("ticket:")) return "hash";
   if (starts("gpus:")) return "set";
   if (starts("lock:") || starts("served:") || starts("ended:") || starts("doctor:"))

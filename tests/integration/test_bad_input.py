@@ -271,7 +271,7 @@ def test_missing_lock_dir_is_created_shared_whatever_the_umask(gl, held):
     assert stat.S_IMODE(os.stat(new_dir).st_mode) == 0o1777
     for name in os.listdir(new_dir):
         # The queue's directory is shared like the lock directory; lock files are 0666.
-        expected = 0o1777 if name == "queue" else 0o666
+        expected = 0o1777 if name in ("queue", "journal") else 0o666
         assert stat.S_IMODE(os.stat(new_dir / name).st_mode) == expected, name
     assert_still_held(gl, held)
 

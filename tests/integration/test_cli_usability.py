@@ -89,12 +89,12 @@ def test_hidden_command_is_not_in_help(gl):
 def test_completes_commands(gl):
     commands = set(complete(gl, ""))
     assert commands == {"run", "acquire", "release", "status", "queue", "gpus", "init",
-                        "doctor", "metrics", "serve", "version"}
+                        "doctor", "metrics", "serve", "usage", "log", "version"}
     assert complete(gl, "st") == ["status"]
 
 
 @pytest.mark.parametrize("command", ["run", "acquire", "release", "status", "queue", "gpus",
-                                     "doctor", "init"])
+                                     "doctor", "init", "usage", "log"])
 def test_completes_exactly_the_options_help_lists(gl, command):
     assert set(complete(gl, command, "-")) == help_options(gl, command)
 

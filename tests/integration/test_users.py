@@ -21,8 +21,9 @@ def test_lock_dir_shared_by_two_users(mu):
     assert "gpu-%s.lock" % sim_uuid(0) in names
     for name in names:
         fst = os.stat(mu.lock_dir / name)
-        # The queue's directory (made once someone waits) is shared like the lock directory.
-        assert stat.S_IMODE(fst.st_mode) == (0o1777 if name == "queue" else 0o666), name
+        # The queue's directory (made once someone waits) and the usage journal are shared like
+        # the lock directory.
+        assert stat.S_IMODE(fst.st_mode) == (0o1777 if name in ("queue", "journal") else 0o666), name
         assert fst.st_uid == a.uid
 
     gpu = mu.gpu_status(0)

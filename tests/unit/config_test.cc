@@ -63,6 +63,17 @@ TEST(ConfigParseTest, EmptyTextGivesDefaults) {
   }
 }
 
+TEST(ConfigParseTest, ReadsTheUsageJournalsKeys) {
+  const Config config =
+      parse_config("journal_dir = \"/srv/journal\"\njournal_file_size = \"1M\"\n", kSource);
+  EXPECT_EQ(config.journal_dir, "/srv/journal");
+  EXPECT_EQ(config.journal_file_size, 1u << 20);
+  EXPECT_EQ(parse_config("", kSource).journal_file_size, 64u << 20);
+  EXPECT_TRUE(Contains(ConfigError("journal_file_size = \"1K\"\n"), "at least 4K"));
+  EXPECT_TRUE(Contains(ConfigError("journal_file_size = \"lots\"\n"), "journal_file_size"));
+  EXPECT_TRUE(Contains(ConfigError("journal_dir = 5\n"), "journal_dir"));
+}
+
 TEST(ConfigParseTest, DefaultConfigHasNoLimits) {
   const Config config;
   const UserLimits limits = config.limits_for("alice");
@@ -285,17 +296,20 @@ TEST(ConfigParseTest, BadMonitoringValuesAreLocatedErrors) {
 TEST(ConfigParseTest, UnknownTopLevelKeyIsNamedWithItsLine) {
   EXPECT_EQ(ConfigError("# gpulock\npolcy = \"fifo\"\n"),
             "test.toml:2: unknown key 'polcy' (known: policy, exclude_gpus, limits, backend, pool, "
-            "lease_ttl, redis_password_file, idle_after, serve_show_commands)");
+            "lease_ttl, redis_password_file, idle_after, serve_show_commands, journal_dir, "
+            "journal_file_size)");
 }
 
 TEST(ConfigParseTest, UnknownTopLevelTableIsNamedWithItsLine) {
   // The Redis backend's settings are top-level keys; a [redis] table is unknown.
   EXPECT_EQ(ConfigError("policy = \"fifo\"\n\n[redis]\nurl = \"redis://localhost\"\n"),
             "test.toml:3: unknown key 'redis' (known: policy, exclude_gpus, limits, backend, pool, "
-            "lease_ttl, redis_password_file, idle_after, serve_show_commands)");
+            "lease_ttl, redis_password_file, idle_after, serve_show_commands, journal_dir, "
+            "journal_file_size)");
   EXPECT_EQ(ConfigError("[limit]\nmax_gpus_per_user = 1\n"),
             "test.toml:1: unknown key 'limit' (known: policy, exclude_gpus, limits, backend, pool, "
-            "lease_ttl, redis_password_file, idle_after, serve_show_commands)");
+            "lease_ttl, redis_password_file, idle_after, serve_show_commands, journal_dir, "
+            "journal_file_size)");
 }
 
 TEST(ConfigParseTest, UnknownKeyInLimits) {
@@ -530,7 +544,7 @@ TEST_F(ConfigLoadTest, InvalidFileIsReportedWithItsPathAndLine) {
   EXPECT_EQ(LoadError(), path.string() +
                              ":2: unknown key 'max_gpus_per_user' (known: policy, exclude_gpus, "
                              "limits, backend, pool, lease_ttl, redis_password_file, idle_after, "
-                             "serve_show_commands)");
+                             "serve_show_commands, journal_dir, journal_file_size)");
 }
 
 TEST_F(ConfigLoadTest, MissingFileNamedByGpulockConfigIsAnError) {

@@ -1,0 +1,107 @@
+// Usage accounting: the usage journal's records (every lease start and end) and what
+// `gpulock usage` makes of them (GPU-hours, leases and median wait per group).
+//
+// GpuPool::journal() reads the records of the pool's backend (local: the journal directory;
+// Redis: a capped stream in the pool); summarize_usage() turns them into a UsageReport. The JSON
+// documents of `gpulock usage --json` and `gpulock log --json` are described in docs/json.md.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gpulock {
+
+// How a lease ended.
+enum class LeaseEnd {
+  kReleased,    // its holder let it go (a command's end, `gpulock release`, a Lease destroyed)
+  kHolderDied,  // no end was written: seen later with its lock gone (SIGKILL of everything)
+  kLost,        // Redis: it expired before it could be renewed, or was taken over
+};
+const char* lease_end_name(LeaseEnd end) noexcept;  // "released", "holder_died", "lost"
+
+struct JournalGpu {
+  std::string uuid;
+  int index = -1;  // the NVML index when the lease started
+};
+
+// One line of the journal: a lease's start, or its end.
+struct JournalRecord {
+  enum class Kind { kStart, kEnd };
+  Kind kind = Kind::kStart;
+  std::string lease_id;
+  double time = 0;  // seconds since the Unix epoch: when the lease started, or ended
+  // Start records.
+  std::string user;
+  unsigned uid = 0;
+  std::string host;
+  std::vector<JournalGpu> gpus;
+  std::string label;
+  std::string command;
+  double waited_seconds = 0;  // time spent in the queue before the lease started
+  // End records.
+  LeaseEnd end = LeaseEnd::kReleased;
+  bool inferred = false;  // written by a reader that found the lease gone, not by its holder
+  // Who wrote the record, where the journal knows (the owner of the local file it was read
+  // from); unset for Redis. Not part of the record's text.
+  std::optional<unsigned> writer_uid;
+};
+
+// A lease as the journal tells it: its start, and its end once known.
+struct UsageLease {
+  JournalRecord start;
+  std::optional<double> ended_at;  // unset while the lease still runs
+  std::optional<LeaseEnd> end;
+  bool end_inferred = false;
+};
+
+// What the journal holds between two times, with notes about damaged records.
+struct JournalContents {
+  std::vector<JournalRecord> records;  // in time order
+  std::vector<std::string> warnings;   // damaged or unreadable records, skipped
+  std::string location;                // the directory or stream read
+  bool available = true;               // false when there is no journal to read
+};
+
+enum class UsageGrouping { kUser, kGpu, kLabel, kDay };
+const char* usage_grouping_name(UsageGrouping grouping) noexcept;  // "user", "gpu", ...
+
+struct UsageGroup {
+  std::string key;  // the user, GPU UUID, label ("" for none) or day (YYYY-MM-DD, UTC)
+  double gpu_hours = 0;
+  unsigned leases = 0;             // leases that overlap the window
+  double median_wait_seconds = 0;  // over those leases' waits
+  double max_wait_seconds = 0;
+};
+
+struct UsageReport {
+  double since = 0;  // the window, seconds since the Unix epoch
+  double until = 0;
+  UsageGrouping grouping = UsageGrouping::kUser;
+  std::vector<UsageGroup> groups;  // by GPU-hours, largest first (by date for kDay)
+  UsageGroup total;                // key "total"
+  std::vector<std::string> warnings;
+};
+
+// Pairs starts with ends. A start whose end is missing is still running (ended_at unset).
+// Where the writer is known, a start is believed only from its own user (or root), and a
+// written end only from the start's user (or root): nobody can claim or end others' leases
+// in their own journal file. Inferred ends are believed from anyone, and a written end
+// overrides them.
+std::vector<UsageLease> pair_journal_records(const std::vector<JournalRecord>& records);
+
+// GPU-hours are counted only inside [since, until): a lease that overlaps the window counts
+// for the overlap; one still running counts until `until` (or `now`, whichever is earlier).
+UsageReport summarize_usage(const std::vector<UsageLease>& leases, double since, double until,
+                            UsageGrouping grouping, double now);
+
+// `gpulock usage --json`, `gpulock usage --csv`, `gpulock log --json` (docs/json.md).
+std::string usage_to_json(const UsageReport& report);
+std::string usage_to_csv(const UsageReport& report);
+std::string journal_to_json(const JournalContents& contents);
+
+// "7d", "12h", "30m" (before now) or a date "2026-11-01" / "2026-11-01T08:00" (UTC) or
+// Unix seconds. Throws Error(kInvalidArgument) with what was wrong.
+double parse_time_bound(const std::string& text, double now);
+
+}  // namespace gpulock
