@@ -112,10 +112,13 @@ std::vector<Device> RedisBackend::register_devices(RedisConnection& connection, 
 }
 
 RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
-                                              const std::string& host_filter,
+                                              const std::vector<std::string>& scope,
+                                              const std::string& user,
                                               const std::vector<Device>& local_devices) {
+  std::string hosts_arg;
+  for (const auto& host : scope) hosts_arg += host + "\n";
   const RedisValue reply =
-      connection.run(redis_scripts::kSnapshot, {settings_.version_key()}, {host_filter});
+      connection.run(redis_scripts::kSnapshot, {settings_.version_key()}, {hosts_arg, user});
   Snapshot out;
   out.version = element(reply, 0).text;
   out.now_ms = integer_of(element(reply, 1));
@@ -196,21 +199,37 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
       out.user_last_served[ticket->user] = *served;
     out.tickets.push_back(std::move(*ticket));
   }
+
+  const RedisValue& elsewhere = element(reply, 6);
+  for (std::size_t i = 0; i + 1 < elsewhere.elements.size(); i += 2)
+    out.held_elsewhere[elsewhere.elements[i].text] =
+        static_cast<unsigned>(std::max<long long>(0, integer_of(elsewhere.elements[i + 1])));
+  out.whole_pool = integer_of(element(reply, 7)) != 0;
   return out;
 }
 
 RedisBackend::Snapshot RedisBackend::registered_snapshot(RedisConnection& connection,
-                                                         const std::string& host_filter,
+                                                         std::vector<std::string> scope,
+                                                         const std::string& user,
                                                          std::vector<Device>& local_devices) {
-  Snapshot snap = snapshot(connection, host_filter, local_devices);
+  if (!scope.empty() && std::find(scope.begin(), scope.end(), settings_.host) == scope.end())
+    scope.push_back(settings_.host);
+  Snapshot snap = snapshot(connection, scope, user, local_devices);
   if (std::none_of(snap.hosts.begin(), snap.hosts.end(),
                    [&](const HostEntry& h) { return h.name == settings_.host; })) {
     // Our registration is gone (the server restarted empty): register again, at once rather
     // than when the cached registration is due.
     local_devices = register_devices(connection, /*force=*/true);
-    snap = snapshot(connection, host_filter, local_devices);
+    snap = snapshot(connection, scope, user, local_devices);
   }
   return snap;
+}
+
+std::vector<std::string> RedisBackend::host_names(RedisConnection& connection) {
+  const RedisValue reply = connection.command({"ZRANGE", settings_.prefix() + "hosts", "0", "-1"});
+  std::vector<std::string> names;
+  for (const RedisValue& name : reply.elements) names.push_back(name.text);
+  return names;
 }
 
 QueueSnapshot RedisBackend::plan(const Snapshot& snap, const Ticket* newcomer) {
@@ -241,6 +260,17 @@ QueueSnapshot RedisBackend::plan(const Snapshot& snap, const Ticket* newcomer) {
     q.locks.push_back(std::move(lock));
     q.gpu_names.push_back(gpu.local ? gpu.device.display_index()
                                     : gpu.host + "/" + gpu.device.display_index());
+  }
+  // GPUs held on hosts outside the snapshot's scope count in fair share and limits as held
+  // GPUs no request can use (their placeholder UUIDs are nobody's candidates).
+  for (const auto& [user, count] : snap.held_elsewhere) {
+    LockState lock;
+    lock.locked = true;
+    for (unsigned i = 0; i < count; ++i) {
+      q.gpus.push_back(PlannedGpu{fmt::format("elsewhere:{}:{}", user, i), true, plan_uid(user)});
+      q.locks.push_back(lock);
+      q.gpu_names.push_back("another host's GPU");
+    }
   }
   std::vector<PlanRequest> requests;
   for (std::size_t i = 0; i < q.tickets.size(); ++i) {
