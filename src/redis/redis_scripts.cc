@@ -5,54 +5,57 @@ namespace gpulock::redis_scripts {
 namespace {
 
 // Shared by every script: the key prefix, the server's time, safe reads, and the version bump.
-#define GPULOCK_LUA_PRELUDE                                                                   \
-  "local P = string.sub(KEYS[1], 1, -8)\n"                                                    \
-  "local T = redis.call('TIME')\n"                                                            \
-  "local now_ms = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)\n"                \
-  "local function get(k)\n"                                                                   \
-  "  local v = redis.pcall('GET', k)\n"                                                       \
-  "  if type(v) == 'table' then return '!garbage' end\n"                                      \
-  "  return v or ''\n"                                                                        \
-  "end\n"                                                                                     \
-  "local function hmget(k, ...)\n"                                                            \
-  "  local v = redis.pcall('HMGET', k, ...)\n"                                                \
-  "  if v.err then return {} end\n"                                                           \
-  "  return v\n"                                                                              \
-  "end\n"                                                                                     \
-  "local function bump(event)\n"                                                              \
-  "  if type(redis.pcall('INCR', P .. 'version')) == 'table' then\n"                          \
-  "    redis.call('SET', P .. 'version', '1')\n"                                              \
-  "  end\n"                                                                                   \
-  "  redis.call('PUBLISH', P .. 'events', event)\n"                                           \
-  "end\n"                                                                                     \
-  "local function someone_waits()\n"                                                          \
-  "  local n = redis.pcall('ZCARD', P .. 'queue')\n"                                          \
-  "  return type(n) ~= 'number' or n > 0\n"                                                   \
-  "end\n"                                                                                     \
-  "local function wake(id)\n"                                                                 \
-  "  if redis.call('EXISTS', P .. 'ticket:' .. id) == 0 then return false end\n"              \
-  "  local k = P .. 'wake:' .. id\n"                                                          \
-  "  if redis.call('TYPE', k).ok ~= 'list' then redis.call('DEL', k) end\n"                   \
-  "  redis.call('LPUSH', k, '1')\n"                                                           \
-  "  redis.call('LTRIM', k, 0, 0)\n"                                                          \
-  "  redis.call('PEXPIRE', k, 60000)\n"                                                       \
-  "  return true\n"                                                                           \
-  "end\n"                                                                                     \
-  "local function wake_queue_head(host, count)\n"                                             \
-  "  local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1)\n"                            \
-  "  if members.err then return end\n"                                                        \
-  "  for _, id in ipairs(members) do\n"                                                       \
-  "    if count <= 0 then return end\n"                                                       \
-  "    local h = hmget(P .. 'ticket:' .. id, 'hosts')[1] or ''\n"                             \
-  "    if host == '' or h == '' or string.find('\\n' .. h, '\\n' .. host .. '\\n', 1, true) " \
-  "then\n"                                                                                    \
-  "      if wake(id) then count = count - 1 end\n"                                            \
-  "    end\n"                                                                                 \
-  "  end\n"                                                                                   \
-  "end\n"                                                                                     \
-  "local function own_key(k, kind)\n"                                                         \
-  "  local t = redis.call('TYPE', k).ok\n"                                                    \
-  "  if t ~= kind and t ~= 'none' then redis.call('DEL', k) end\n"                            \
+#define GPULOCK_LUA_PRELUDE                                                                      \
+  "local P = string.sub(KEYS[1], 1, -8)\n"                                                       \
+  "local T = redis.call('TIME')\n"                                                               \
+  "local now_ms = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)\n"                   \
+  "local function get(k)\n"                                                                      \
+  "  local v = redis.pcall('GET', k)\n"                                                          \
+  "  if type(v) == 'table' then return '!garbage' end\n"                                         \
+  "  return v or ''\n"                                                                           \
+  "end\n"                                                                                        \
+  "local function hmget(k, ...)\n"                                                               \
+  "  local v = redis.pcall('HMGET', k, ...)\n"                                                   \
+  "  if v.err then return {} end\n"                                                              \
+  "  return v\n"                                                                                 \
+  "end\n"                                                                                        \
+  "local function bump(event)\n"                                                                 \
+  "  if type(redis.pcall('INCR', P .. 'version')) == 'table' then\n"                             \
+  "    redis.call('SET', P .. 'version', '1')\n"                                                 \
+  "  end\n"                                                                                      \
+  "  redis.call('PUBLISH', P .. 'events', event)\n"                                              \
+  "end\n"                                                                                        \
+  "local function someone_waits()\n"                                                             \
+  "  local n = redis.pcall('ZCARD', P .. 'queue')\n"                                             \
+  "  return type(n) ~= 'number' or n > 0\n"                                                      \
+  "end\n"                                                                                        \
+  "local function wake(id)\n"                                                                    \
+  "  if redis.call('EXISTS', P .. 'ticket:' .. id) == 0 then return false end\n"                 \
+  "  local k = P .. 'wake:' .. id\n"                                                             \
+  "  if redis.call('TYPE', k).ok ~= 'list' then redis.call('DEL', k) end\n"                      \
+  "  redis.call('LPUSH', k, '1')\n"                                                              \
+  "  redis.call('LTRIM', k, 0, 0)\n"                                                             \
+  "  redis.call('PEXPIRE', k, 60000)\n"                                                          \
+  "  return true\n"                                                                              \
+  "end\n"                                                                                        \
+  "local function wake_queue_head(host, count)\n"                                                \
+  "  local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1)\n"                               \
+  "  if members.err then return end\n"                                                           \
+  "  for _, id in ipairs(members) do\n"                                                          \
+  "    if count <= 0 then return end\n"                                                          \
+  "    local h = hmget(P .. 'ticket:' .. id, 'hosts')[1] or ''\n"                                \
+  "    if host == '' or h == '' or string.find('\\n' .. h, '\\n' .. host .. '\\n', 1, true) "    \
+  "then\n"                                                                                       \
+  "      -- A ticket renewed within the last 3 s (half its TTL) has a live waiter: it counts.\n" \
+  "      if wake(id) and redis.call('PTTL', P .. 'ticket:' .. id) > 3000 then\n"                 \
+  "        count = count - 1\n"                                                                  \
+  "      end\n"                                                                                  \
+  "    end\n"                                                                                    \
+  "  end\n"                                                                                      \
+  "end\n"                                                                                        \
+  "local function own_key(k, kind)\n"                                                            \
+  "  local t = redis.call('TYPE', k).ok\n"                                                       \
+  "  if t ~= kind and t ~= 'none' then redis.call('DEL', k) end\n"                               \
   "end\n"
 
 // Fencing tokens in exact decimal text, never Lua numbers (doubles, exact only below 2^53). The
@@ -120,7 +123,7 @@ for _, uuid in ipairs(redis.call('SMEMBERS', set)) do
 end
 if changed then
   bump('register')
-  wake_queue_head('', 2)
+  wake_queue_head('', 1)
 end
 return changed and 1 or 0
 )lua"};
@@ -164,7 +167,7 @@ for i = 1, #members, 2 do
 end
 if removed then
   bump('leave')
-  wake_queue_head('', 2)
+  wake_queue_head('', 1)
 end
 
 local hosts_out, gpus_out, leases_out, elsewhere_out = {}, {}, {}, {}
@@ -336,9 +339,9 @@ local existed = redis.call('DEL', P .. 'lease:' .. id)
 redis.call('SET', P .. 'ended:' .. id, '1', 'PX', math.max(1000, math.min(2 * ttl, 172800000)))
 if (released > 0 or existed > 0) and someone_waits() then
   bump('release')
-  -- Wake the first two waiters that may use this host's GPUs: each plans, and wakes those the
-  -- plan serves (two, in case the first one's process is gone).
-  wake_queue_head(fields[3] or '', 2)
+  -- Wake the first live waiter that may use this host's GPUs (and any that look dead before
+  -- it): it plans, and wakes those the plan serves.
+  wake_queue_head(fields[3] or '', 1)
 end
 return released
 )lua"};
@@ -404,7 +407,7 @@ const RedisScript kLeave{"leave", GPULOCK_LUA_PRELUDE R"lua(
 redis.pcall('ZREM', P .. 'queue', ARGV[1])
 redis.call('DEL', P .. 'ticket:' .. ARGV[1], P .. 'wake:' .. ARGV[1])
 bump('leave')
-wake_queue_head('', 2)
+wake_queue_head('', 1)
 return 0
 )lua"};
 

@@ -891,4 +891,35 @@ TEST_F(RedisScriptsTest, AGarbageHostsKeyDoesNotMakeRegisterFail) {
 }
 
 }  // namespace
+// A release while someone waits wakes the first live waiter that may use the lease's host (and
+// any that look dead before it: not renewed for half their TTL), through its wake list.
+TEST_F(RedisScriptsTest, AReleaseWakesTheFirstLiveWaiterForItsHost) {
+  Register("h1", 1);
+  ASSERT_EQ(Take("lease-w", {U(0)}).at(0), "ok");
+  const auto enter = [&](const std::string& id, const std::string& hosts, long long ttl) {
+    conn_->run(redis_scripts::kEnter, {keys_.version()},
+               {id, std::to_string(ttl), "{\"body\":1}", "waiter", hosts});
+  };
+  enter("other-host", "h2\n", 60000);
+  enter("stale", "h1\n", 2000);  // as if its waiter stopped renewing it
+  enter("live", "", 60000);      // any host
+  enter("later", "h1\n", 60000);
+  Release("lease-w", {U(0)});
+  const auto wakes = [&](const std::string& id) {
+    return Cmd({"LLEN", keys_.prefix() + "wake:" + id}).integer;
+  };
+  EXPECT_EQ(wakes("other-host"), 0);
+  EXPECT_EQ(wakes("stale"), 1);
+  EXPECT_EQ(wakes("live"), 1);
+  EXPECT_EQ(wakes("later"), 0);
+  // wake: one element at most, only for tickets that exist; leaving drops the list.
+  EXPECT_EQ(conn_->run(redis_scripts::kWake, {keys_.version()}, {"live", "later", "gone"}).integer,
+            2);
+  EXPECT_EQ(wakes("live"), 1);
+  EXPECT_EQ(wakes("later"), 1);
+  EXPECT_EQ(wakes("gone"), 0);
+  conn_->run(redis_scripts::kLeave, {keys_.version()}, {"live"});
+  EXPECT_EQ(wakes("live"), 0);
+}
+
 }  // namespace gpulock
