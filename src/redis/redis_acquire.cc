@@ -454,8 +454,8 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         const auto now = Clock::now();
         if (now >= next_heartbeat) {
           const RedisValue renewed =
-              connection->command({"PEXPIRE", settings_.prefix() + "ticket:" + ticket.id,
-                                   std::to_string(kTicketTtl.count())});
+              connection->run(redis_scripts::kHeartbeat, {settings_.version_key()},
+                              {ticket.id, std::to_string(kTicketTtl.count())});
           if (renewed.integer == 0) {
             ticket.id.clear();  // it expired: register again
             woke = true;

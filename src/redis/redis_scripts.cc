@@ -53,6 +53,11 @@ namespace {
   "    end\n"                                                                                    \
   "  end\n"                                                                                      \
   "end\n"                                                                                        \
+  "local function server_run()\n"                                                                \
+  "  local info = redis.call('INFO', 'server')\n"                                                \
+  "  return string.match(info, 'run_id:(%x+)') or '',\n"                                         \
+  "         tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0\n"                      \
+  "end\n"                                                                                        \
   "local function own_key(k, kind)\n"                                                            \
   "  local t = redis.call('TYPE', k).ok\n"                                                       \
   "  if t ~= kind and t ~= 'none' then redis.call('DEL', k) end\n"                               \
@@ -142,13 +147,29 @@ local tickets_out = {}
 local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1, 'WITHSCORES')
 if members.err then members = {} end
 local removed = false
+local run, uptime = nil, 0
 for i = 1, #members, 2 do
   local id = members[i]
+  local t, stale, restored = nil, false, false
   if redis.call('EXISTS', P .. 'ticket:' .. id) == 0 then
     redis.call('ZREM', P .. 'queue', id)
     removed = true
   else
-    local t = hmget(P .. 'ticket:' .. id, 'body', 'user', 'hosts')
+    t = hmget(P .. 'ticket:' .. id, 'body', 'user', 'hosts', 'run')
+    if t[4] and t[4] ~= '' then
+      if not run then run, uptime = server_run() end
+      -- Not renewed since the server started (restored from an RDB or AOF): once live waiters
+      -- have had 2 s to come back and renew theirs, its waiter is gone.
+      if t[4] ~= run then
+        if uptime >= 2 then stale = true else restored = true end
+      end
+    end
+  end
+  if stale then
+    redis.call('ZREM', P .. 'queue', id)
+    redis.call('DEL', P .. 'ticket:' .. id, P .. 'wake:' .. id)
+    removed = true
+  elseif t then
     local served = ''
     if t[2] then
       served = get(P .. 'served:' .. t[2])
@@ -160,6 +181,9 @@ for i = 1, #members, 2 do
       for h in string.gmatch(t[3], '[^\n]+') do scope[h] = true end
     end
     local ttl = redis.call('PTTL', P .. 'ticket:' .. id)
+    -- A restored ticket not renewed yet ends, for waiters timing their wake, when it can be
+    -- dropped (it is, then, unless its waiter renews it meanwhile).
+    if restored and ttl >= 0 then ttl = math.min(ttl, (2 - uptime) * 1000) end
     for _, v in ipairs({id, members[i + 1], t[1] or '', t[2] or '', served, ttl}) do
       table.insert(tickets_out, v)
     end
@@ -397,7 +421,7 @@ own_key(P .. 'queue', 'zset')
 redis.call('ZADD', P .. 'queue', seq, ARGV[1])
 own_key(P .. 'ticket:' .. ARGV[1], 'hash')
 redis.call('HSET', P .. 'ticket:' .. ARGV[1], 'body', ARGV[3], 'user', ARGV[4], 'hosts',
-           ARGV[5] or '')
+           ARGV[5] or '', 'run', (server_run()))
 redis.call('PEXPIRE', P .. 'ticket:' .. ARGV[1], tonumber(ARGV[2]))
 bump('enter')
 return seq
@@ -409,6 +433,13 @@ redis.call('DEL', P .. 'ticket:' .. ARGV[1], P .. 'wake:' .. ARGV[1])
 bump('leave')
 wake_queue_head('', 1)
 return 0
+)lua"};
+
+const RedisScript kHeartbeat{"heartbeat", GPULOCK_LUA_PRELUDE R"lua(
+local key = P .. 'ticket:' .. ARGV[1]
+if redis.call('PEXPIRE', key, tonumber(ARGV[2])) == 0 then return 0 end
+redis.call('HSET', key, 'run', (server_run()))
+return 1
 )lua"};
 
 const RedisScript kWake{"wake", GPULOCK_LUA_PRELUDE R"lua(

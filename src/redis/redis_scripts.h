@@ -27,7 +27,9 @@ extern const RedisScript kRegister;
 //   elsewhere: flat {user, GPUs}... held outside the scope by `user` and each queued user, from
 //              their `held:USER` sets (lease ids scored by expiry); empty when whole
 //   whole:     1 when the scope was every host
-// Drops queue entries whose ticket expired (dead waiters), bumping the version. Its cost follows
+// Drops queue entries whose ticket expired (dead waiters), and those not renewed since the
+// server started once it has been up 2 s (restored by an RDB or AOF), bumping the version and
+// waking the first live waiter. Its cost follows
 // the scope and the queue, not the pool.
 extern const RedisScript kSnapshot;
 
@@ -65,6 +67,12 @@ extern const RedisScript kEnter;
 
 // ARGV: ticket id. Leaves the queue, and wakes the first two waiters (wake:ID lists).
 extern const RedisScript kLeave;
+
+// ARGV: ticket id, ttl ms. A waiter's heartbeat: extends its ticket and notes the server's run
+// id in it (`run`), as enter does, so that a snapshot can tell a ticket restored from an RDB or
+// AOF whose waiter never came back (it drops those once the server has been up 2 s). Returns 1,
+// or 0 when the ticket is gone.
+extern const RedisScript kHeartbeat;
 
 // ARGV: ticket ids. Wakes each waiter whose ticket exists: pushes to its `wake:ID` list (kept at
 // one element), on which the waiter blocks (BLPOP). Returns how many were woken.
