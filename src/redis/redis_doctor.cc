@@ -34,6 +34,7 @@ std::string expected_type(const std::string& key, const std::string& prefix) {
   if (rest == "hosts" || rest == "queue" || starts("held:")) return "zset";
   if (starts("host:") || starts("gpu:") || starts("lease:") || starts("ticket:")) return "hash";
   if (starts("gpus:")) return "set";
+  if (starts("wake:")) return "list";
   if (starts("lock:") || starts("served:") || starts("ended:") || starts("doctor:"))
     return "string";
   return "";
