@@ -30,6 +30,8 @@ constexpr auto kRegistrationRefresh = std::chrono::seconds(30);
 // Registrations parsed and kept (about 1 KiB each): at least this many, and at least twice the
 // GPUs of the last snapshot, so that a large pool never empties the cache on every call.
 constexpr std::size_t kMostParsedDevices = 2048;
+// Queued tickets parsed and kept (a few hundred bytes each).
+constexpr std::size_t kMostParsedTickets = 8192;
 
 template <typename T>
 std::optional<T> number(const std::string& text) {
@@ -76,6 +78,17 @@ std::optional<Device> RedisBackend::registered_device(const std::string& static_
     parsed_devices_.clear();
   parsed_devices_.emplace(std::move(key), device);
   return device;
+}
+
+std::optional<Ticket> RedisBackend::queued_ticket(const std::string& body) {
+  // A waiter plans on every wake with the same tickets: parse each body once. Bodies are
+  // untrusted, and the cache is keyed by the whole body, so a changed one is parsed again.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (const auto it = parsed_tickets_.find(body); it != parsed_tickets_.end()) return it->second;
+  std::optional<Ticket> ticket = parse_ticket(body);
+  if (parsed_tickets_.size() >= kMostParsedTickets) parsed_tickets_.clear();
+  parsed_tickets_.emplace(body, ticket);
+  return ticket;
 }
 
 uid_t RedisBackend::plan_uid(const std::string& user) {
@@ -184,7 +197,7 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
   const RedisValue& tickets = element(reply, 5);
   for (std::size_t i = 0; i + 5 < tickets.elements.size(); i += 6) {
     const std::string& id = tickets.elements[i].text;
-    std::optional<Ticket> ticket = parse_ticket(tickets.elements[i + 2].text);
+    std::optional<Ticket> ticket = queued_ticket(tickets.elements[i + 2].text);
     const auto seq = number<double>(tickets.elements[i + 1].text);
     if (!ticket || ticket->id != id || !seq || *seq < 1 || *seq > 9e15) {
       out.warnings.push_back(

@@ -105,6 +105,8 @@ class RedisBackend final : public LeaseBackend {
   // A registered device from its JSON, parsed once per distinct registration.
   std::optional<Device> registered_device(const std::string& static_json,
                                           const std::string& readings_json);
+  // A queued ticket from its JSON body, parsed once per distinct body.
+  std::optional<Ticket> queued_ticket(const std::string& body);
   // The number standing for a user in plans (users are the same person on every host by name).
   uid_t plan_uid(const std::string& user);
   GpuStatus describe(const Gpu& gpu, const Snapshot& snapshot) const;
@@ -121,6 +123,7 @@ class RedisBackend final : public LeaseBackend {
   std::chrono::steady_clock::time_point registered_at_;
   std::map<std::string, uid_t> plan_uids_;
   std::unordered_map<std::string, std::optional<Device>> parsed_devices_;
+  std::unordered_map<std::string, std::optional<Ticket>> parsed_tickets_;
   std::size_t parsed_devices_wanted_ = 0;  // the most GPUs a snapshot has listed
 };
 

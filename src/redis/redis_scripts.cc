@@ -148,14 +148,17 @@ local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1, 'WITHSCORES')
 if members.err then members = {} end
 local removed = false
 local run, uptime = nil, 0
+local served_of = {}
 for i = 1, #members, 2 do
   local id = members[i]
-  local t, stale, restored = nil, false, false
-  if redis.call('EXISTS', P .. 'ticket:' .. id) == 0 then
+  local t, stale, restored = hmget(P .. 'ticket:' .. id, 'body', 'user', 'hosts', 'run'), false,
+                            false
+  if #t > 0 and not t[1] and not t[2] and not t[3] and not t[4] then
+    -- No ticket: it expired (a dead waiter). One of another type is kept, and read as garbage.
     redis.call('ZREM', P .. 'queue', id)
+    t = nil
     removed = true
   else
-    t = hmget(P .. 'ticket:' .. id, 'body', 'user', 'hosts', 'run')
     if t[4] and t[4] ~= '' then
       if not run then run, uptime = server_run() end
       -- Not renewed since the server started (restored from an RDB or AOF): once live waiters
@@ -172,7 +175,8 @@ for i = 1, #members, 2 do
   elseif t then
     local served = ''
     if t[2] then
-      served = get(P .. 'served:' .. t[2])
+      if not served_of[t[2]] then served_of[t[2]] = get(P .. 'served:' .. t[2]) end
+      served = served_of[t[2]]
       users[t[2]] = true
     end
     if not t[3] or t[3] == '' then
