@@ -41,8 +41,8 @@
 
 #include <gpulock/gpulock.hpp>
 
-#include "bench_support.h"
 #include "backend/holder_record.h"
+#include "bench_support.h"
 #include "process_probe.h"
 #include "redis/device_record.h"
 #include "redis/redis_connection.h"
@@ -88,7 +88,8 @@ struct Options {
   int spawn_iterations = 50;
   int hosts = 100;
   int gpus_per_host = 8;
-  int server_cpu = -1;  // --pin: CPUs for redis-server and for this program (and its children)
+  int handoff_hold_ms = 20;  // how long each hand-off benchmark lease is held
+  int server_cpu = -1;       // --pin: CPUs for redis-server and for this program (and its children)
   int client_cpu = -1;
   bool wants(const std::string& part) const { return only.empty() || only.contains(part); }
 };
@@ -947,11 +948,223 @@ void bench_status_cli(const Options& options, const RedisServer& server) {
   print_row("`gpulock status --pool --json` (whole process)", stats_of(json));
 }
 
+// ---- 5. cost against pool size (issue 13) ---------------------------------------------------
+
+// A pool of `hosts` hosts x `gpus_per_host` GPUs, each host holding h % 4 of its GPUs (as in
+// part 2); the pools of every host stay open (their leases are renewed by nobody: a long TTL).
+struct ScaledPool {
+  std::vector<std::unique_ptr<gpulock::GpuPool>> hosts;
+  std::vector<gpulock::Lease> leases;
+};
+
+ScaledPool make_scaled_pool(const RedisServer& server, const std::string& pool_name, int hosts,
+                            int gpus_per_host) {
+  ScaledPool out;
+  char name[32];
+  for (int h = 0; h < hosts; ++h) {
+    std::snprintf(name, sizeof name, "host-%03d", h);
+    set_fake_host(name);
+    out.hosts.push_back(std::make_unique<gpulock::GpuPool>(
+        gpulock::make_simulated_source(static_cast<unsigned>(gpus_per_host)),
+        redis_options(server.url(), pool_name, name, std::chrono::milliseconds(600'000))));
+    out.hosts.back()->status();  // registers the host's GPUs
+    const unsigned held = static_cast<unsigned>(h % 4);
+    if (h > 0 && held > 0 && static_cast<int>(held) < gpus_per_host) {
+      gpulock::LeaseRequest request = one_gpu_now();
+      request.count = held;
+      out.leases.push_back(out.hosts.back()->acquire(request));
+    }
+  }
+  set_fake_host("host-000");
+  return out;
+}
+
+void bench_scale(const Options& options, const RedisServer& server) {
+  const std::vector<int> sizes{1, 100, 300};
+  std::vector<ScaledPool> pools;
+  for (int hosts : sizes)
+    pools.push_back(make_scaled_pool(server, "bench-scale-" + std::to_string(hosts), hosts,
+                                     options.gpus_per_host));
+  const gpulock::LeaseRequest request = one_gpu_now();
+  for (auto& pool : pools)
+    for (int i = 0; i < 100; ++i) pool.hosts.front()->acquire(request).release();
+  // Rounds of 50 calls at each size in turn, so that load changes favour no size.
+  std::vector<std::vector<double>> us(sizes.size());
+  std::vector<long long> round_trips(sizes.size(), 0);
+  const int rounds = std::max(1, options.iterations / 50);
+  for (int r = 0; r < rounds; ++r)
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      gpulock::GpuPool& pool = *pools[k].hosts.front();
+      const long long c = g_commands_sent.load();
+      const auto one = time_calls(50, [&] { pool.acquire(request).release(); });
+      round_trips[k] += g_commands_sent.load() - c;
+      us[k].insert(us[k].end(), one.begin(), one.end());
+    }
+  print_header(
+      "5a. acquire + release of 1 GPU of this host, by pool size (aim: p50 <= 1 ms at each)");
+  const double base = stats_of(us[0]).p50;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    char note[96];
+    std::snprintf(note, sizeof note, "p50 %.2fx the 1-host pool's; round trips %.2f",
+                  stats_of(us[k]).p50 / base,
+                  static_cast<double>(round_trips[k]) / static_cast<double>(us[k].size()));
+    print_row(std::to_string(sizes[k]) + " hosts x " + std::to_string(options.gpus_per_host) +
+                  " GPUs (" + std::to_string(pools[k].leases.size()) + " leases elsewhere)",
+              stats_of(us[k]), note);
+  }
+
+  if (options.gpulock_cli.empty() || ::access(options.gpulock_cli.c_str(), X_OK) != 0) return;
+  gpulock_bench::TempDir scratch;
+  const std::string config = (scratch.path() / "config.toml").string();
+  std::ofstream(config).close();
+  print_header("5b. `gpulock status --pool`, one-shot process (aim: p50 <= 10 ms at 100 hosts)");
+  std::vector<std::vector<double>> spawn(sizes.size());
+  for (int i = 0; i < options.spawn_iterations; ++i)
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      const std::vector<std::string> env{
+          "GPULOCK_BACKEND=" + server.url(), "GPULOCK_POOL=bench-scale-" + std::to_string(sizes[k]),
+          "GPULOCK_HOST=host-000", "GPULOCK_FAKE_GPUS=" + std::to_string(options.gpus_per_host),
+          "GPULOCK_CONFIG=" + config};
+      const auto one = time_spawns({options.gpulock_cli, "status", "--pool"}, 1, env);
+      spawn[k].push_back(one[0]);
+    }
+  const double spawn_base = stats_of(spawn[0]).p50;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    char note[64];
+    std::snprintf(note, sizeof note, "p50 %.2fx the 1-host pool's",
+                  stats_of(spawn[k]).p50 / spawn_base);
+    print_row("status --pool, " + std::to_string(sizes[k]) + " hosts x " +
+                  std::to_string(options.gpus_per_host) + " GPUs",
+              stats_of(spawn[k]), note);
+  }
+}
+
+// ---- 6. hand-off under load (issue 13) ----------------------------------------------------
+
+// A worker (this program re-executed): `leases` times, waits for 1 GPU of 4 of host "handoff",
+// reports "A gpu t_ns" right after acquire() returns, holds it `hold_us`, reports "R gpu t_ns"
+// right before release(). Each line is one write(2) below PIPE_BUF: lines never interleave.
+int handoff_worker(const std::string& url, const std::string& pool_name, int leases, int hold_us) {
+  set_fake_host("handoff");
+  gpulock::GpuPool pool(gpulock::make_simulated_source(4),
+                        redis_options(url, pool_name, "handoff", std::chrono::milliseconds(10000)));
+  gpulock::LeaseRequest request;
+  request.count = 1;
+  request.wait = true;
+  char line[96];
+  for (int i = 0; i < leases; ++i) {
+    gpulock::Lease lease = pool.acquire(request);
+    const int gpu = static_cast<int>(lease.gpus().at(0).index);
+    int n = std::snprintf(line, sizeof line, "A %d %lld %d\n", gpu,
+                          static_cast<long long>(now_ns()), static_cast<int>(::getpid()));
+    if (::write(1, line, static_cast<std::size_t>(n)) != n) return 1;
+    std::this_thread::sleep_for(std::chrono::microseconds(hold_us));
+    n = std::snprintf(line, sizeof line, "R %d %lld %d\n", gpu, static_cast<long long>(now_ns()),
+                      static_cast<int>(::getpid()));
+    if (::write(1, line, static_cast<std::size_t>(n)) != n) return 1;
+    lease.release();
+  }
+  return 0;
+}
+
+// `workers` processes taking `leases` leases each of 1 GPU of 4; the hand-offs' times (us).
+std::vector<double> run_handoffs(const Options& options, const RedisServer& server, int workers,
+                                 int leases) {
+  const int hold_us = options.handoff_hold_ms * 1000;
+  const std::string pool_name = "bench-handoff-" + std::to_string(workers);
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  std::vector<pid_t> pids;
+  for (int w = 0; w < workers; ++w) {
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
+    std::vector<std::string> args{self,      "--handoff-worker",     server.url(),
+                                  pool_name, std::to_string(leases), std::to_string(hold_us)};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (::posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0)
+      throw std::runtime_error("cannot start a worker");
+    posix_spawn_file_actions_destroy(&actions);
+    pids.push_back(pid);
+  }
+  ::close(pipe_fds[1]);
+  std::string out;
+  char buffer[65536];
+  ssize_t got;
+  while ((got = ::read(pipe_fds[0], buffer, sizeof buffer)) > 0)
+    out.append(buffer, static_cast<std::size_t>(got));
+  ::close(pipe_fds[0]);
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      throw std::runtime_error("a hand-off worker failed");
+  }
+  // Per GPU, the events in time order: each A must follow an R (or be the first), and the
+  // hand-off is the time from that R to the A.
+  struct Event {
+    long long t;
+    char kind;
+    int pid;
+  };
+  std::map<int, std::vector<Event>> per_gpu;
+  std::istringstream lines(out);
+  char kind;
+  int gpu, pid;
+  long long t;
+  std::size_t acquired = 0;
+  while (lines >> kind >> gpu >> t >> pid) {
+    per_gpu[gpu].push_back(Event{t, kind, pid});
+    if (kind == 'A') ++acquired;
+  }
+  if (acquired != static_cast<std::size_t>(workers * leases))
+    throw std::runtime_error("hand-off: " + std::to_string(acquired) + " leases reported, not " +
+                             std::to_string(workers * leases));
+  std::vector<double> handoff_us;
+  for (auto& [g, events] : per_gpu) {
+    std::sort(events.begin(), events.end(),
+              [](const Event& a, const Event& b) { return a.t < b.t; });
+    for (std::size_t i = 0; i < events.size(); ++i) {
+      const char want = i % 2 == 0 ? 'A' : 'R';
+      if (events[i].kind != want || (want == 'R' && events[i].pid != events[i - 1].pid))
+        throw std::runtime_error("hand-off: GPU " + std::to_string(g) + " held twice");
+      if (want == 'A' && i > 0)
+        handoff_us.push_back(static_cast<double>(events[i].t - events[i - 1].t) / 1e3);
+    }
+  }
+  return handoff_us;
+}
+
+void bench_handoff(const Options& options, const RedisServer& server) {
+  char title[200];
+  std::snprintf(title, sizeof title,
+                "6. hand-off release -> next holder on 4 GPUs of one host, each lease held %d ms "
+                "(aim with 64 processes: p50 <= 2 ms, p99 <= 20 ms)",
+                options.handoff_hold_ms);
+  print_header(title);
+  // The baseline: as many processes as GPUs, so that a release usually has a waiter (the
+  // releaser itself comes back) but no queue to plan.
+  const std::vector<double> base = run_handoffs(options, server, 5, 40);
+  const std::vector<double> loaded = run_handoffs(options, server, 64, 10);
+  print_row("5 processes: release() started -> acquire() returned", stats_of(base),
+            std::to_string(base.size()) + " hand-offs; no GPU held twice");
+  char note[128];
+  std::snprintf(note, sizeof note, "%zu hand-offs; no GPU held twice; p50 %.2fx the 5's",
+                loaded.size(), stats_of(loaded).p50 / stats_of(base).p50);
+  print_row("64 processes: release() started -> acquire() returned", stats_of(loaded), note);
+}
+
 void usage() {
   std::fprintf(stderr,
-               "usage: redis_bench [--only acquire,fresh,status,seed,processes] [--iterations N]\n"
+               "usage: redis_bench [--only acquire,fresh,status,seed,processes,scale,handoff]\n"
+               "                   [--iterations N]\n"
                "                   [--status-iterations N] [--fresh-processes N]\n"
                "                   [--spawn-iterations N] [--hosts N] [--gpus-per-host N]\n"
+               "                   [--handoff-hold-ms N]\n"
                "                   [--redis-server PATH] [--gpulock PATH] [--python PATH]\n"
                "                   [--pin same|split]\n");
 }
@@ -961,6 +1174,8 @@ void usage() {
 int main(int argc, char** argv) {
   if (argc == 4 && std::string(argv[1]) == "--first-call-worker")
     return first_call_worker(argv[2], argv[3]);
+  if (argc == 6 && std::string(argv[1]) == "--handoff-worker")
+    return handoff_worker(argv[2], argv[3], std::atoi(argv[4]), std::atoi(argv[5]));
   Options options;
 #ifdef GPULOCK_BENCH_CLI
   options.gpulock_cli = GPULOCK_BENCH_CLI;
@@ -988,6 +1203,8 @@ int main(int argc, char** argv) {
       options.spawn_iterations = std::max(1, std::atoi(value.c_str()));
     } else if (key == "--hosts") {
       options.hosts = std::max(1, std::atoi(value.c_str()));
+    } else if (key == "--handoff-hold-ms") {
+      options.handoff_hold_ms = std::max(0, std::atoi(value.c_str()));
     } else if (key == "--gpus-per-host") {
       options.gpus_per_host = std::max(1, std::atoi(value.c_str()));
     } else if (key == "--redis-server") {
@@ -1038,6 +1255,10 @@ int main(int argc, char** argv) {
     if (options.wants("seed")) bench_seed(options, server);
     std::fflush(stdout);
     if (options.wants("processes")) bench_processes(options, server);
+    std::fflush(stdout);
+    if (options.wants("scale")) bench_scale(options, server);
+    std::fflush(stdout);
+    if (options.wants("handoff")) bench_handoff(options, server);
     std::fflush(stdout);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "redis_bench: %s\n", error.what());

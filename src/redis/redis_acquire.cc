@@ -1,5 +1,6 @@
 // RedisBackend::acquire(): plan from a snapshot, take the planned GPUs with one atomic script, and
-// otherwise wait in the pool's queue (a ticket renewed by heartbeats, woken by pub/sub).
+// otherwise wait in the pool's queue (a ticket renewed by heartbeats, blocked on its own wake
+// list, which releases and other waiters' plans push to).
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,9 +46,22 @@ constexpr milliseconds kLongestCall{5000};
 // What a waiter that is leaving, maybe after a silent server timed out, gives the server to
 // remove its ticket (which otherwise expires by itself within kTicketTtl).
 constexpr milliseconds kLeaveTimeout{250};
+// How much longer than a BLPOP's own timeout its reply may take to arrive.
+constexpr milliseconds kWakeMargin{250};
 
 bool is_uuid_like(const std::string& name) {
   return starts_with_ignoring_case(name, "GPU-") || starts_with_ignoring_case(name, "MIG-");
+}
+
+// Blocks until the ticket's wake list has an entry (taking it) or `slice` passes; true if woken.
+// The socket may take a little longer than the server's own BLPOP timeout.
+bool wait_for_wake(RedisConnection& waker, const std::string& ticket_key, milliseconds slice) {
+  if (slice < milliseconds(1))
+    return waker.command({"LPOP", ticket_key}).type == RedisValue::Type::kString;
+  waker.set_timeout(slice + kWakeMargin);
+  const RedisValue reply =
+      waker.command({"BLPOP", ticket_key, fmt::format("{:.3f}", slice.count() / 1000.0)});
+  return reply.type == RedisValue::Type::kArray;
 }
 
 std::string join_names(const std::vector<std::string>& names) {
@@ -88,6 +102,9 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
                                                          : "host " + hosts[0];
 
   Ticket wanted = ticket_for_request(request, needed, user);
+  // Whether plans count the user's GPUs against a limit: then they need the GPUs the user holds
+  // on every host, and any acquire makes concurrent plans stale, not only those of a queue.
+  const bool limited = config_.limits_for(user).max_gpus.has_value();
 
   const Clock::time_point calls_end = deadline == Clock::time_point::max()
                                           ? Clock::time_point::max()
@@ -103,7 +120,8 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   RedisConnectionLoan connection(*connections_, call_budget());
   connection->set_deadline(calls_deadline);
   std::vector<Device> local_devices = register_devices(*connection);
-  std::unique_ptr<RedisConnection> subscriber;
+  // A second connection, on which a waiter blocks (BLPOP) on its ticket's wake list.
+  std::unique_ptr<RedisConnection> waker;
   // The ticket while this request waits in the queue; it leaves the queue however we return.
   struct TicketGuard {
     RedisBackend& pool;
@@ -142,8 +160,11 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
                      settings_.endpoint.display().c_str());
         warned_unreachable = false;
       }
-      // The whole pool: limits and fair share count every host's leases.
-      const Snapshot snap = registered_snapshot(*connection, "", local_devices);
+      // The hosts that may serve it (every host for `--host any`), and those of the queue's
+      // tickets; limits and fair share count GPUs held elsewhere from per-user sets.
+      const Snapshot snap =
+          registered_snapshot(*connection, any_host ? std::vector<std::string>() : hosts,
+                              limited ? user : std::string(), local_devices);
       if (ticket.id.empty() && has_waited &&
           std::any_of(snap.tickets.begin(), snap.tickets.end(),
                       [&](const Ticket& t) { return t.id == wanted.id; })) {
@@ -152,23 +173,17 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // ahead of everyone, given the free GPUs by every plan, until it expired silently.
         ticket.id = wanted.id;
         next_heartbeat = Clock::now();
-        if (!subscriber) {
-          // Subscribe before planning again, so that no release is missed.
-          subscriber = RedisConnection::connect(settings_.endpoint, call_budget());
-          subscriber->subscribe(settings_.prefix() + "events");
-          continue;
-        }
+        if (!waker) waker = RedisConnection::connect(settings_.endpoint, call_budget());
       }
 
       // 1. Which GPUs could serve it at all.
-      std::vector<std::string> known_hosts;
-      for (const auto& h : snap.hosts) known_hosts.push_back(h.name);
       for (const auto& host : hosts)
-        if (std::find(known_hosts.begin(), known_hosts.end(), host) == known_hosts.end())
+        if (std::none_of(snap.hosts.begin(), snap.hosts.end(),
+                         [&](const HostEntry& h) { return h.name == host; }))
           throw Error(
               ErrorCode::kUnsatisfiable,
               fmt::format("no host '{}' in pool '{}' (hosts: {})", sanitize_for_display(host, 64),
-                          settings_.pool, join_names(known_hosts)));
+                          settings_.pool, join_names(host_names(*connection))));
       std::vector<const Gpu*> scope;
       for (const Gpu& g : snap.gpus)
         if (any_host || std::find(hosts.begin(), hosts.end(), g.host) != hosts.end())
@@ -247,6 +262,15 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         continue;
       }
       const Placement& mine = q.plan.of(me);
+      // Whoever plans wakes the other waiters the plan serves now (or lets in again): a release
+      // wakes only the first waiters that may use its GPUs, and they pass the wake on.
+      std::vector<std::string> to_wake;
+      for (const Placement& p : q.plan.order)
+        if (p.request != me && p.request < snap.tickets.size() &&
+            (p.standing == QueueStanding::kNext || p.may_enter))
+          to_wake.push_back(q.tickets[p.request].id);
+      if (!to_wake.empty())
+        connection->run(redis_scripts::kWake, {settings_.version_key()}, to_wake);
       if (mine.standing == QueueStanding::kNext) {
         std::string gpu_host;
         std::vector<const Gpu*> chosen;
@@ -270,11 +294,16 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         for (const Gpu* g : chosen) record.gpus.push_back(g->device.uuid);
         const std::string record_json = holder_record_json(record);
 
-        std::vector<std::string> args{lease_id,     std::to_string(settings_.lease_ttl.count()),
-                                      snap.version, std::to_string(chosen.size()),
-                                      "all",        record_json,
-                                      user,         gpu_host,
-                                      wanted.id};  // our ticket, if the queue has it
+        std::vector<std::string> args{lease_id,
+                                      std::to_string(settings_.lease_ttl.count()),
+                                      snap.version,
+                                      std::to_string(chosen.size()),
+                                      "all",
+                                      record_json,
+                                      user,
+                                      gpu_host,
+                                      wanted.id,  // our ticket, if the queue has it
+                                      limited ? "1" : "0"};
         for (const Gpu* g : chosen) args.push_back(g->device.uuid);
         const auto sent = Clock::now();
         const RedisValue reply =
@@ -343,14 +372,15 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         for (const Ticket& t : snap.tickets)
           if (t.user == user && !t.entered_over_limit) ++waiting_now;
         wanted.entered_over_limit = waits_over_limit(waiting_now, user, config_);
-        // Subscribe before registering and planning again, so that no release is missed.
-        if (!subscriber) {
-          subscriber = RedisConnection::connect(settings_.endpoint, call_budget());
-          subscriber->subscribe(settings_.prefix() + "events");
-        }
-        connection->run(
-            redis_scripts::kEnter, {settings_.version_key()},
-            {wanted.id, std::to_string(kTicketTtl.count()), serialize_ticket(wanted), user});
+        // A wake pushed to the ticket's list stays there until read: none is missed.
+        if (!waker) waker = RedisConnection::connect(settings_.endpoint, call_budget());
+        // The hosts it may be served from, so that snapshots read their GPUs ("" = any).
+        std::string ticket_hosts;
+        if (!any_host)
+          for (const auto& host : hosts) ticket_hosts += host + "\n";
+        connection->run(redis_scripts::kEnter, {settings_.version_key()},
+                        {wanted.id, std::to_string(kTicketTtl.count()), serialize_ticket(wanted),
+                         user, ticket_hosts});
         ticket.id = wanted.id;
         has_waited = true;
         next_heartbeat = Clock::now() + kHeartbeat;
@@ -383,7 +413,8 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         }
       }
 
-      // Releases, departures and arrivals are published; an expiring lock is not, so wake when
+      // Releases and departures wake the waiters they may serve; an expiring lock wakes nobody, so
+      // wake when
       // the first lock on our candidates ends. Readings that decide health are re-read as often
       // as the local backend does.
       auto sleep = q.health_dependent() ? options_.health_recheck_interval
@@ -417,19 +448,14 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           slice = std::min(
               slice, std::chrono::ceil<milliseconds>(deadline - Clock::now()) + milliseconds(1));
         slice = std::max(slice, milliseconds(0));
-        bool woke = subscriber->next_message(slice).has_value();
-        if (woke) {
-          // Several changes at once need one new plan.
-          for (int i = 0; i < 1000 && subscriber->next_message(milliseconds(0)); ++i) {
-          }
-        }
+        bool woke = wait_for_wake(*waker, settings_.prefix() + "wake:" + ticket.id, slice);
         if (hooks.interrupted && hooks.interrupted())
           throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
         const auto now = Clock::now();
         if (now >= next_heartbeat) {
           const RedisValue renewed =
-              connection->command({"PEXPIRE", settings_.prefix() + "ticket:" + ticket.id,
-                                   std::to_string(kTicketTtl.count())});
+              connection->run(redis_scripts::kHeartbeat, {settings_.version_key()},
+                              {ticket.id, std::to_string(kTicketTtl.count())});
           if (renewed.integer == 0) {
             ticket.id.clear();  // it expired: register again
             woke = true;
@@ -448,7 +474,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         std::fprintf(stderr, "gpulock: warning: %s; still waiting, retrying every second\n",
                      error.what());
       warned_unreachable = true;
-      subscriber.reset();
+      waker.reset();
       ticket.id.clear();
       const auto retry_at = std::min(deadline, Clock::now() + std::chrono::seconds(1));
       while (Clock::now() < retry_at) {
@@ -458,12 +484,11 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
       }
       try {
-        subscriber = RedisConnection::connect(settings_.endpoint,
-                                              std::min(milliseconds(2000), call_budget()));
-        subscriber->subscribe(settings_.prefix() + "events");
+        waker = RedisConnection::connect(settings_.endpoint,
+                                         std::min(milliseconds(2000), call_budget()));
       } catch (const Error&) {
         // Still unreachable: the next round fails the same way and comes back here.
-        subscriber.reset();
+        waker.reset();
       }
     }
   }

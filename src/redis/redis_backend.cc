@@ -31,6 +31,8 @@ constexpr auto kRegistrationRefresh = std::chrono::seconds(30);
 // Registrations parsed and kept (about 1 KiB each): at least this many, and at least twice the
 // GPUs of the last snapshot, so that a large pool never empties the cache on every call.
 constexpr std::size_t kMostParsedDevices = 2048;
+// Queued tickets parsed and kept (a few hundred bytes each).
+constexpr std::size_t kMostParsedTickets = 8192;
 
 template <typename T>
 std::optional<T> number(const std::string& text) {
@@ -80,6 +82,17 @@ std::optional<Device> RedisBackend::registered_device(const std::string& static_
   return device;
 }
 
+std::optional<Ticket> RedisBackend::queued_ticket(const std::string& body) {
+  // A waiter plans on every wake with the same tickets: parse each body once. Bodies are
+  // untrusted, and the cache is keyed by the whole body, so a changed one is parsed again.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (const auto it = parsed_tickets_.find(body); it != parsed_tickets_.end()) return it->second;
+  std::optional<Ticket> ticket = parse_ticket(body);
+  if (parsed_tickets_.size() >= kMostParsedTickets) parsed_tickets_.clear();
+  parsed_tickets_.emplace(body, ticket);
+  return ticket;
+}
+
 uid_t RedisBackend::plan_uid(const std::string& user) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto [it, added] = plan_uids_.emplace(user, static_cast<uid_t>(plan_uids_.size() + 1));
@@ -114,10 +127,13 @@ std::vector<Device> RedisBackend::register_devices(RedisConnection& connection, 
 }
 
 RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
-                                              const std::string& host_filter,
+                                              const std::vector<std::string>& scope,
+                                              const std::string& user,
                                               const std::vector<Device>& local_devices) {
+  std::string hosts_arg;
+  for (const auto& host : scope) hosts_arg += host + "\n";
   const RedisValue reply =
-      connection.run(redis_scripts::kSnapshot, {settings_.version_key()}, {host_filter});
+      connection.run(redis_scripts::kSnapshot, {settings_.version_key()}, {hosts_arg, user});
   Snapshot out;
   out.version = element(reply, 0).text;
   out.now_ms = integer_of(element(reply, 1));
@@ -183,7 +199,7 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
   const RedisValue& tickets = element(reply, 5);
   for (std::size_t i = 0; i + 5 < tickets.elements.size(); i += 6) {
     const std::string& id = tickets.elements[i].text;
-    std::optional<Ticket> ticket = parse_ticket(tickets.elements[i + 2].text);
+    std::optional<Ticket> ticket = queued_ticket(tickets.elements[i + 2].text);
     const auto seq = number<double>(tickets.elements[i + 1].text);
     if (!ticket || ticket->id != id || !seq || *seq < 1 || *seq > 9e15) {
       out.warnings.push_back(
@@ -198,21 +214,37 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
       out.user_last_served[ticket->user] = *served;
     out.tickets.push_back(std::move(*ticket));
   }
+
+  const RedisValue& elsewhere = element(reply, 6);
+  for (std::size_t i = 0; i + 1 < elsewhere.elements.size(); i += 2)
+    out.held_elsewhere[elsewhere.elements[i].text] =
+        static_cast<unsigned>(std::max<long long>(0, integer_of(elsewhere.elements[i + 1])));
+  out.whole_pool = integer_of(element(reply, 7)) != 0;
   return out;
 }
 
 RedisBackend::Snapshot RedisBackend::registered_snapshot(RedisConnection& connection,
-                                                         const std::string& host_filter,
+                                                         std::vector<std::string> scope,
+                                                         const std::string& user,
                                                          std::vector<Device>& local_devices) {
-  Snapshot snap = snapshot(connection, host_filter, local_devices);
+  if (!scope.empty() && std::find(scope.begin(), scope.end(), settings_.host) == scope.end())
+    scope.push_back(settings_.host);
+  Snapshot snap = snapshot(connection, scope, user, local_devices);
   if (std::none_of(snap.hosts.begin(), snap.hosts.end(),
                    [&](const HostEntry& h) { return h.name == settings_.host; })) {
     // Our registration is gone (the server restarted empty): register again, at once rather
     // than when the cached registration is due.
     local_devices = register_devices(connection, /*force=*/true);
-    snap = snapshot(connection, host_filter, local_devices);
+    snap = snapshot(connection, scope, user, local_devices);
   }
   return snap;
+}
+
+std::vector<std::string> RedisBackend::host_names(RedisConnection& connection) {
+  const RedisValue reply = connection.command({"ZRANGE", settings_.prefix() + "hosts", "0", "-1"});
+  std::vector<std::string> names;
+  for (const RedisValue& name : reply.elements) names.push_back(name.text);
+  return names;
 }
 
 QueueSnapshot RedisBackend::plan(const Snapshot& snap, const Ticket* newcomer) {
@@ -243,6 +275,17 @@ QueueSnapshot RedisBackend::plan(const Snapshot& snap, const Ticket* newcomer) {
     q.locks.push_back(std::move(lock));
     q.gpu_names.push_back(gpu.local ? gpu.device.display_index()
                                     : gpu.host + "/" + gpu.device.display_index());
+  }
+  // GPUs held on hosts outside the snapshot's scope count in fair share and limits as held
+  // GPUs no request can use (their placeholder UUIDs are nobody's candidates).
+  for (const auto& [user, count] : snap.held_elsewhere) {
+    LockState lock;
+    lock.locked = true;
+    for (unsigned i = 0; i < count; ++i) {
+      q.gpus.push_back(PlannedGpu{fmt::format("elsewhere:{}:{}", user, i), true, plan_uid(user)});
+      q.locks.push_back(lock);
+      q.gpu_names.push_back("another host's GPU");
+    }
   }
   std::vector<PlanRequest> requests;
   for (std::size_t i = 0; i < q.tickets.size(); ++i) {

@@ -3,7 +3,8 @@
 // Each process registers its host's GPUs, reads the pool in one script call (snapshot), plans
 // the queue with the same planner as the local backend, and takes or releases GPUs with atomic
 // scripts (redis_scripts.h). Leases expire unless their holder renews them
-// (redis_lease_keeper.h). Waiters are tickets in Redis, renewed by heartbeats, woken by pub/sub.
+// (redis_lease_keeper.h). Waiters are tickets in Redis, renewed by heartbeats, each blocked on
+// its own wake list (BLPOP), which a release and other waiters' plans push to.
 // See docs/design-redis.md.
 #pragma once
 
@@ -76,18 +77,28 @@ class RedisBackend final : public LeaseBackend {
     // Parallel: the ms left before the ticket expires unless its waiter renews it (-1: none).
     std::vector<long long> ticket_ttl_ms;
     std::map<std::string, std::int64_t> user_last_served;
+    // GPUs each user (of a ticket, or the one asking) holds on hosts outside the snapshot's
+    // scope; empty for a whole-pool snapshot, which sees every lease.
+    std::map<std::string, unsigned> held_elsewhere;
+    bool whole_pool = true;  // the scope widened to every host (or was asked for)
     std::vector<std::string> warnings;
   };
 
  private:
   // This host's devices, registered in Redis when they changed or the registration is old.
   std::vector<Device> register_devices(RedisConnection& connection, bool force = false);
-  Snapshot snapshot(RedisConnection& connection, const std::string& host_filter,
-                    const std::vector<Device>& local_devices);
+  // The pool as seen from `scope` (empty: every host): the scope's hosts and GPUs, widened to
+  // the hosts any queued ticket may use, the whole queue, and for `user` and each queued user
+  // how many GPUs they hold outside the scope. Its cost follows the scope and the queue, not
+  // the pool.
+  Snapshot snapshot(RedisConnection& connection, const std::vector<std::string>& scope,
+                    const std::string& user, const std::vector<Device>& local_devices);
   // A snapshot in which this host is registered: registers it again first if the server lost
-  // it (a restart), updating `local_devices`.
-  Snapshot registered_snapshot(RedisConnection& connection, const std::string& host_filter,
-                               std::vector<Device>& local_devices);
+  // it (a restart), updating `local_devices`. This host is always in its scope.
+  Snapshot registered_snapshot(RedisConnection& connection, std::vector<std::string> scope,
+                               const std::string& user, std::vector<Device>& local_devices);
+  // Every registered host's name (for messages; a snapshot lists only its scope's hosts).
+  std::vector<std::string> host_names(RedisConnection& connection);
   // The queue planned from a snapshot (the same planner and explanations as the local queue).
   QueueSnapshot plan(const Snapshot& snapshot, const Ticket* newcomer);
   // The queue as people see it, planned from a snapshot.
@@ -95,6 +106,8 @@ class RedisBackend final : public LeaseBackend {
   // A registered device from its JSON, parsed once per distinct registration.
   std::optional<Device> registered_device(const std::string& static_json,
                                           const std::string& readings_json);
+  // A queued ticket from its JSON body, parsed once per distinct body.
+  std::optional<Ticket> queued_ticket(const std::string& body);
   // The number standing for a user in plans (users are the same person on every host by name).
   uid_t plan_uid(const std::string& user);
   GpuStatus describe(const Gpu& gpu, const Snapshot& snapshot) const;
@@ -112,6 +125,7 @@ class RedisBackend final : public LeaseBackend {
   std::chrono::steady_clock::time_point registered_at_;
   std::map<std::string, uid_t> plan_uids_;
   std::unordered_map<std::string, std::optional<Device>> parsed_devices_;
+  std::unordered_map<std::string, std::optional<Ticket>> parsed_tickets_;
   std::size_t parsed_devices_wanted_ = 0;  // the most GPUs a snapshot has listed
 };
 

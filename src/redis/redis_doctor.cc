@@ -31,10 +31,11 @@ std::string expected_type(const std::string& key, const std::string& prefix) {
   const auto starts = [&](const char* p) { return rest.starts_with(p); };
   if (rest == "version" || rest == "token" || rest == "token_copy" || rest == "queue_seq")
     return "string";
-  if (rest == "hosts" || rest == "queue") return "zset";
+  if (rest == "hosts" || rest == "queue" || starts("held:")) return "zset";
   if (rest == "journal") return "stream";  // the usage journal (redis/redis_journal.h)
   if (starts("host:") || starts("gpu:") || starts("lease:") || starts("ticket:")) return "hash";
   if (starts("gpus:")) return "set";
+  if (starts("wake:")) return "list";
   if (starts("lock:") || starts("served:") || starts("ended:") || starts("doctor:"))
     return "string";
   return "";
@@ -87,7 +88,7 @@ std::vector<DoctorCheck> RedisBackend::doctor() {
 
     // The scripts, and the permissions they need (EVALSHA, the pool's keys, PUBLISH).
     const std::vector<Device> local = register_devices(*connection, /*force=*/true);
-    const Snapshot snap = snapshot(*connection, "", local);
+    const Snapshot snap = snapshot(*connection, {}, "", local);
     add(Level::kOk, "scripts",
         fmt::format("registered {} GPU{} of this host; the pool has {} host{} and {} GPU{}",
                     local.size(), local.size() == 1 ? "" : "s", snap.hosts.size(),

@@ -5,29 +5,62 @@ namespace gpulock::redis_scripts {
 namespace {
 
 // Shared by every script: the key prefix, the server's time, safe reads, and the version bump.
-#define GPULOCK_LUA_PRELUDE                                                    \
-  "local P = string.sub(KEYS[1], 1, -8)\n"                                     \
-  "local T = redis.call('TIME')\n"                                             \
-  "local now_ms = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)\n" \
-  "local function get(k)\n"                                                    \
-  "  local v = redis.pcall('GET', k)\n"                                        \
-  "  if type(v) == 'table' then return '!garbage' end\n"                       \
-  "  return v or ''\n"                                                         \
-  "end\n"                                                                      \
-  "local function hmget(k, ...)\n"                                             \
-  "  local v = redis.pcall('HMGET', k, ...)\n"                                 \
-  "  if v.err then return {} end\n"                                            \
-  "  return v\n"                                                               \
-  "end\n"                                                                      \
-  "local function bump(event)\n"                                               \
-  "  if type(redis.pcall('INCR', P .. 'version')) == 'table' then\n"           \
-  "    redis.call('SET', P .. 'version', '1')\n"                               \
-  "  end\n"                                                                    \
-  "  redis.call('PUBLISH', P .. 'events', event)\n"                            \
-  "end\n"                                                                      \
-  "local function own_key(k, kind)\n"                                          \
-  "  local t = redis.call('TYPE', k).ok\n"                                     \
-  "  if t ~= kind and t ~= 'none' then redis.call('DEL', k) end\n"             \
+#define GPULOCK_LUA_PRELUDE                                                                      \
+  "local P = string.sub(KEYS[1], 1, -8)\n"                                                       \
+  "local T = redis.call('TIME')\n"                                                               \
+  "local now_ms = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)\n"                   \
+  "local function get(k)\n"                                                                      \
+  "  local v = redis.pcall('GET', k)\n"                                                          \
+  "  if type(v) == 'table' then return '!garbage' end\n"                                         \
+  "  return v or ''\n"                                                                           \
+  "end\n"                                                                                        \
+  "local function hmget(k, ...)\n"                                                               \
+  "  local v = redis.pcall('HMGET', k, ...)\n"                                                   \
+  "  if v.err then return {} end\n"                                                              \
+  "  return v\n"                                                                                 \
+  "end\n"                                                                                        \
+  "local function bump(event)\n"                                                                 \
+  "  if type(redis.pcall('INCR', P .. 'version')) == 'table' then\n"                             \
+  "    redis.call('SET', P .. 'version', '1')\n"                                                 \
+  "  end\n"                                                                                      \
+  "  redis.call('PUBLISH', P .. 'events', event)\n"                                              \
+  "end\n"                                                                                        \
+  "local function someone_waits()\n"                                                             \
+  "  local n = redis.pcall('ZCARD', P .. 'queue')\n"                                             \
+  "  return type(n) ~= 'number' or n > 0\n"                                                      \
+  "end\n"                                                                                        \
+  "local function wake(id)\n"                                                                    \
+  "  if redis.call('EXISTS', P .. 'ticket:' .. id) == 0 then return false end\n"                 \
+  "  local k = P .. 'wake:' .. id\n"                                                             \
+  "  if redis.call('TYPE', k).ok ~= 'list' then redis.call('DEL', k) end\n"                      \
+  "  redis.call('LPUSH', k, '1')\n"                                                              \
+  "  redis.call('LTRIM', k, 0, 0)\n"                                                             \
+  "  redis.call('PEXPIRE', k, 60000)\n"                                                          \
+  "  return true\n"                                                                              \
+  "end\n"                                                                                        \
+  "local function wake_queue_head(host, count)\n"                                                \
+  "  local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1)\n"                               \
+  "  if members.err then return end\n"                                                           \
+  "  for _, id in ipairs(members) do\n"                                                          \
+  "    if count <= 0 then return end\n"                                                          \
+  "    local h = hmget(P .. 'ticket:' .. id, 'hosts')[1] or ''\n"                                \
+  "    if host == '' or h == '' or string.find('\\n' .. h, '\\n' .. host .. '\\n', 1, true) "    \
+  "then\n"                                                                                       \
+  "      -- A ticket renewed within the last 3 s (half its TTL) has a live waiter: it counts.\n" \
+  "      if wake(id) and redis.call('PTTL', P .. 'ticket:' .. id) > 3000 then\n"                 \
+  "        count = count - 1\n"                                                                  \
+  "      end\n"                                                                                  \
+  "    end\n"                                                                                    \
+  "  end\n"                                                                                      \
+  "end\n"                                                                                        \
+  "local function server_run()\n"                                                                \
+  "  local info = redis.call('INFO', 'server')\n"                                                \
+  "  return string.match(info, 'run_id:(%x+)') or '',\n"                                         \
+  "         tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0\n"                      \
+  "end\n"                                                                                        \
+  "local function own_key(k, kind)\n"                                                            \
+  "  local t = redis.call('TYPE', k).ok\n"                                                       \
+  "  if t ~= kind and t ~= 'none' then redis.call('DEL', k) end\n"                               \
   "end\n"
 
 // Fencing tokens in exact decimal text, never Lua numbers (doubles, exact only below 2^53). The
@@ -93,72 +126,161 @@ for _, uuid in ipairs(redis.call('SMEMBERS', set)) do
     changed = true
   end
 end
-if changed then bump('register') end
+if changed then
+  bump('register')
+  wake_queue_head('', 1)
+end
 return changed and 1 or 0
 )lua"};
 
 const RedisScript kSnapshot{"snapshot", GPULOCK_LUA_PRELUDE R"lua(
-local hosts_out, gpus_out, leases_out, tickets_out = {}, {}, {}, {}
-local hosts = redis.pcall('ZRANGE', P .. 'hosts', 0, -1, 'WITHSCORES')
-if hosts.err then hosts = {} end
-local seen = {}
-for i = 1, #hosts, 2 do
-  local host = hosts[i]
-  local info = hmget(P .. 'host:' .. host, 'info')
-  table.insert(hosts_out, host)
-  table.insert(hosts_out, hosts[i + 1])
-  table.insert(hosts_out, info[1] or '')
-  if ARGV[1] == '' or ARGV[1] == host then
-    local uuids = redis.pcall('SMEMBERS', P .. 'gpus:' .. host)
-    if uuids.err then uuids = {} end
-    table.sort(uuids)
-    for _, uuid in ipairs(uuids) do
-      local g = hmget(P .. 'gpu:' .. uuid, 'host', 'info', 'readings', 'read_at')
-      if g[1] == host then
-        local lock_key = P .. 'lock:' .. uuid
-        local lock = get(lock_key)
-        local ttl = -2  -- no key: only a held GPU's lock has a TTL worth asking for
-        if lock ~= '' then ttl = redis.call('PTTL', lock_key) end
-        for _, v in ipairs({uuid, host, g[2] or '', g[3] or '', g[4] or '', lock, ttl}) do
-          table.insert(gpus_out, v)
-        end
-        if lock ~= '' and lock ~= '!garbage' and not seen[lock] then
-          seen[lock] = true
-          local lease = hmget(P .. 'lease:' .. lock, 'record', 'token')
-          for _, v in ipairs({lock, lease[1] or '', lease[2] or '',
-                              redis.call('PTTL', P .. 'lease:' .. lock)}) do
-            table.insert(leases_out, v)
-          end
-        end
-      end
-    end
-  end
+-- The scope: the hosts named (one per line), widened to the hosts every queued ticket may use;
+-- the whole pool when ARGV[1] is empty or a ticket may use any host.
+local whole = ARGV[1] == ''
+local scope = {}
+if not whole then
+  for h in string.gmatch(ARGV[1], '[^\n]+') do scope[h] = true end
 end
+local users = {}
+if ARGV[2] and ARGV[2] ~= '' then users[ARGV[2]] = true end
+local tickets_out = {}
 local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1, 'WITHSCORES')
 if members.err then members = {} end
 local removed = false
+local run, uptime = nil, 0
+local served_of = {}
 for i = 1, #members, 2 do
   local id = members[i]
-  if redis.call('EXISTS', P .. 'ticket:' .. id) == 0 then
+  local t, stale, restored = hmget(P .. 'ticket:' .. id, 'body', 'user', 'hosts', 'run'), false,
+                            false
+  if #t > 0 and not t[1] and not t[2] and not t[3] and not t[4] then
+    -- No ticket: it expired (a dead waiter). One of another type is kept, and read as garbage.
     redis.call('ZREM', P .. 'queue', id)
+    t = nil
     removed = true
   else
-    local t = hmget(P .. 'ticket:' .. id, 'body', 'user')
+    if t[4] and t[4] ~= '' then
+      if not run then run, uptime = server_run() end
+      -- Not renewed since the server started (restored from an RDB or AOF): once live waiters
+      -- have had 2 s to come back and renew theirs, its waiter is gone.
+      if t[4] ~= run then
+        if uptime >= 2 then stale = true else restored = true end
+      end
+    end
+  end
+  if stale then
+    redis.call('ZREM', P .. 'queue', id)
+    redis.call('DEL', P .. 'ticket:' .. id, P .. 'wake:' .. id)
+    removed = true
+  elseif t then
     local served = ''
-    if t[2] then served = get(P .. 'served:' .. t[2]) end
+    if t[2] then
+      if not served_of[t[2]] then served_of[t[2]] = get(P .. 'served:' .. t[2]) end
+      served = served_of[t[2]]
+      users[t[2]] = true
+    end
+    if not t[3] or t[3] == '' then
+      whole = true
+    else
+      for h in string.gmatch(t[3], '[^\n]+') do scope[h] = true end
+    end
     local ttl = redis.call('PTTL', P .. 'ticket:' .. id)
+    -- A restored ticket not renewed yet ends, for waiters timing their wake, when it can be
+    -- dropped (it is, then, unless its waiter renews it meanwhile).
+    if restored and ttl >= 0 then ttl = math.min(ttl, (2 - uptime) * 1000) end
     for _, v in ipairs({id, members[i + 1], t[1] or '', t[2] or '', served, ttl}) do
       table.insert(tickets_out, v)
     end
   end
 end
-if removed then bump('leave') end
+if removed then
+  bump('leave')
+  wake_queue_head('', 1)
+end
+
+local hosts_out, gpus_out, leases_out, elsewhere_out = {}, {}, {}, {}
+local listed = {}
+if whole then
+  local hosts = redis.pcall('ZRANGE', P .. 'hosts', 0, -1, 'WITHSCORES')
+  if hosts.err then hosts = {} end
+  for i = 1, #hosts, 2 do
+    table.insert(listed, {hosts[i], hosts[i + 1]})
+  end
+else
+  local names = {}
+  for h in pairs(scope) do table.insert(names, h) end
+  table.sort(names)
+  for _, h in ipairs(names) do
+    local score = redis.pcall('ZSCORE', P .. 'hosts', h)
+    if type(score) == 'string' then table.insert(listed, {h, score}) end
+  end
+end
+local in_scope = {}
+local seen = {}
+for _, entry in ipairs(listed) do
+  local host = entry[1]
+  in_scope[host] = true
+  table.insert(hosts_out, host)
+  table.insert(hosts_out, entry[2])
+  table.insert(hosts_out, hmget(P .. 'host:' .. host, 'info')[1] or '')
+  local uuids = redis.pcall('SMEMBERS', P .. 'gpus:' .. host)
+  if uuids.err then uuids = {} end
+  table.sort(uuids)
+  for _, uuid in ipairs(uuids) do
+    local g = hmget(P .. 'gpu:' .. uuid, 'host', 'info', 'readings', 'read_at')
+    if g[1] == host then
+      local lock_key = P .. 'lock:' .. uuid
+      local lock = get(lock_key)
+      local ttl = -2  -- no key: only a held GPU's lock has a TTL worth asking for
+      if lock ~= '' then ttl = redis.call('PTTL', lock_key) end
+      for _, v in ipairs({uuid, host, g[2] or '', g[3] or '', g[4] or '', lock, ttl}) do
+        table.insert(gpus_out, v)
+      end
+      if lock ~= '' and lock ~= '!garbage' and not seen[lock] then
+        seen[lock] = true
+        local lease = hmget(P .. 'lease:' .. lock, 'record', 'token')
+        for _, v in ipairs({lock, lease[1] or '', lease[2] or '',
+                            redis.call('PTTL', P .. 'lease:' .. lock)}) do
+          table.insert(leases_out, v)
+        end
+      end
+    end
+  end
+end
+-- Fair share and limits count a user's GPUs on every host: those outside the scope come from
+-- the user's `held:` set (lease ids by expiry), not from reading every host.
+if not whole then
+  local names = {}
+  for u in pairs(users) do table.insert(names, u) end
+  table.sort(names)
+  for _, user in ipairs(names) do
+    local key = P .. 'held:' .. user
+    if redis.call('TYPE', key).ok == 'zset' then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
+      local count = 0
+      for _, id in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+        local l = hmget(P .. 'lease:' .. id, 'host', 'gpus')
+        if l[1] and not in_scope[l[1]] and l[2] then
+          for _ in string.gmatch(l[2], '[^,]+') do count = count + 1 end
+        end
+      end
+      if count > 0 then
+        table.insert(elsewhere_out, user)
+        table.insert(elsewhere_out, count)
+      end
+    end
+  end
+end
 local version = get(P .. 'version')
 if version == '' then version = '0' end
-return {version, now_ms, hosts_out, gpus_out, leases_out, tickets_out}
+return {version, now_ms, hosts_out, gpus_out, leases_out, tickets_out, elsewhere_out,
+        whole and 1 or 0}
 )lua"};
 
 const RedisScript kAcquire{"acquire", GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS R"lua(
+-- First, before any write (a script error undoes nothing): a user whom the server refuses the
+-- pool's channel fails here, at once, not only once someone waits.
+redis.call('PUBLISH', P .. 'events', 'acquiring')
 local id, ttl, expected = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local needed, mode = tonumber(ARGV[4]), ARGV[5]
 if expected ~= '' then
@@ -174,7 +296,7 @@ else
   end
 end
 local chosen = {}
-for i = 10, #ARGV do
+for i = 11, #ARGV do
   local uuid = ARGV[i]
   if redis.call('EXISTS', P .. 'lock:' .. uuid) == 0 and
      redis.call('EXISTS', P .. 'gpu:' .. uuid) == 1 then
@@ -203,13 +325,17 @@ own_key(P .. 'lease:' .. id, 'hash')
 redis.call('HSET', P .. 'lease:' .. id, 'record', ARGV[6], 'token', token_text,
            'gpus', table.concat(chosen, ','), 'user', ARGV[7], 'host', ARGV[8], 'ttl', ARGV[2])
 redis.call('PEXPIRE', P .. 'lease:' .. id, ttl)
+local had_ticket = false
 if ARGV[9] ~= '' then
-  redis.call('ZREM', P .. 'queue', ARGV[9])
-  redis.call('DEL', P .. 'ticket:' .. ARGV[9])
+  had_ticket = redis.pcall('ZREM', P .. 'queue', ARGV[9]) == 1
+  redis.call('DEL', P .. 'ticket:' .. ARGV[9], P .. 'wake:' .. ARGV[9])
 end
 own_key(P .. 'served:' .. ARGV[7], 'string')
 redis.call('SET', P .. 'served:' .. ARGV[7], now_ms, 'EX', 2592000)
-bump('acquire')
+own_key(P .. 'held:' .. ARGV[7], 'zset')
+redis.call('ZADD', P .. 'held:' .. ARGV[7], now_ms + ttl, id)
+-- Plans read the queue, and, when limits apply, users' GPUs: only then did this change one.
+if had_ticket or ARGV[10] == '1' or someone_waits() then bump('acquire') end
 local out = {'ok', token_text}
 for _, uuid in ipairs(chosen) do table.insert(out, uuid) end
 return out
@@ -232,12 +358,19 @@ for _, uuid in ipairs(uuids) do
     released = released + 1
   end
 end
-local ttl = tonumber(hmget(P .. 'lease:' .. id, 'ttl')[1]) or 60000
+local fields = hmget(P .. 'lease:' .. id, 'ttl', 'user', 'host')
+local ttl = tonumber(fields[1]) or 60000
+if fields[2] then redis.pcall('ZREM', P .. 'held:' .. fields[2], id) end
 local existed = redis.call('DEL', P .. 'lease:' .. id)
 -- Tells the holder's next renewal that the lease ended (so it does not re-create it). A holder
 -- that cannot renew for a TTL counts its lease lost by itself, so two TTLs are enough.
 redis.call('SET', P .. 'ended:' .. id, '1', 'PX', math.max(1000, math.min(2 * ttl, 172800000)))
-if released > 0 or existed > 0 then bump('release') end
+if (released > 0 or existed > 0) and someone_waits() then
+  bump('release')
+  -- Wake the first live waiter that may use this host's GPUs (and any that look dead before
+  -- it): it plans, and wakes those the plan serves.
+  wake_queue_head(fields[3] or '', 1)
+end
 return released
 )lua"};
 
@@ -266,6 +399,8 @@ end
 redis.call('HSET', lease, 'record', ARGV[4], 'token', ARGV[3], 'gpus', table.concat(uuids, ','),
            'user', ARGV[5], 'host', ARGV[6], 'ttl', ARGV[2])
 redis.call('PEXPIRE', lease, ttl)
+own_key(P .. 'held:' .. ARGV[5], 'zset')
+redis.call('ZADD', P .. 'held:' .. ARGV[5], now_ms + ttl, id)
 local held = token_of(ARGV[3])
 if held then
   for _, k in ipairs(TOKEN_KEYS) do
@@ -289,7 +424,8 @@ end
 own_key(P .. 'queue', 'zset')
 redis.call('ZADD', P .. 'queue', seq, ARGV[1])
 own_key(P .. 'ticket:' .. ARGV[1], 'hash')
-redis.call('HSET', P .. 'ticket:' .. ARGV[1], 'body', ARGV[3], 'user', ARGV[4])
+redis.call('HSET', P .. 'ticket:' .. ARGV[1], 'body', ARGV[3], 'user', ARGV[4], 'hosts',
+           ARGV[5] or '', 'run', (server_run()))
 redis.call('PEXPIRE', P .. 'ticket:' .. ARGV[1], tonumber(ARGV[2]))
 bump('enter')
 return seq
@@ -297,9 +433,25 @@ return seq
 
 const RedisScript kLeave{"leave", GPULOCK_LUA_PRELUDE R"lua(
 redis.pcall('ZREM', P .. 'queue', ARGV[1])
-redis.call('DEL', P .. 'ticket:' .. ARGV[1])
+redis.call('DEL', P .. 'ticket:' .. ARGV[1], P .. 'wake:' .. ARGV[1])
 bump('leave')
+wake_queue_head('', 1)
 return 0
+)lua"};
+
+const RedisScript kHeartbeat{"heartbeat", GPULOCK_LUA_PRELUDE R"lua(
+local key = P .. 'ticket:' .. ARGV[1]
+if redis.call('PEXPIRE', key, tonumber(ARGV[2])) == 0 then return 0 end
+redis.call('HSET', key, 'run', (server_run()))
+return 1
+)lua"};
+
+const RedisScript kWake{"wake", GPULOCK_LUA_PRELUDE R"lua(
+local woken = 0
+for i = 1, #ARGV do
+  if wake(ARGV[i]) then woken = woken + 1 end
+end
+return woken
 )lua"};
 
 #undef GPULOCK_LUA_TOKENS

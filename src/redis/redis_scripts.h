@@ -17,30 +17,41 @@ namespace gpulock::redis_scripts {
 // information changed. Returns 1 if it changed, else 0.
 extern const RedisScript kRegister;
 
-// ARGV: host ("" = every host): whose GPUs to list. Returns {version, server time ms, hosts, gpus,
-// leases, tickets}:
-//   hosts:   flat {name, registered_at ms, info}... (every host, whatever the filter)
-//   gpus:    flat {uuid, host, info, readings, readings_at ms, lock value, lock pttl}...
-//   leases:  flat {id, record, token, pttl}... for every lease holding a listed GPU
-//   tickets: flat {id, seq, body, user, user last served ms, ticket pttl}... in arrival order
-// Drops queue entries whose ticket expired (dead waiters), bumping the version.
+// ARGV: scope (host names, each followed by a newline; "" = every host), user (or ""). The
+// scope widens to the hosts every queued ticket may use, and to every host when a ticket may use
+// any. Returns {version, server time ms, hosts, gpus, leases, tickets, elsewhere, whole}:
+//   hosts:     flat {name, registered_at ms, info}... of the scope's registered hosts
+//   gpus:      flat {uuid, host, info, readings, readings_at ms, lock value, lock pttl}...
+//   leases:    flat {id, record, token, pttl}... for every lease holding a listed GPU
+//   tickets:   flat {id, seq, body, user, user last served ms, ticket pttl}... in arrival order
+//   elsewhere: flat {user, GPUs}... held outside the scope by `user` and each queued user, from
+//              their `held:USER` sets (lease ids scored by expiry); empty when whole
+//   whole:     1 when the scope was every host
+// Drops queue entries whose ticket expired (dead waiters), and those not renewed since the
+// server started once it has been up 2 s (restored by an RDB or AOF), bumping the version and
+// waking the first live waiter. Its cost follows
+// the scope and the queue, not the pool.
 extern const RedisScript kSnapshot;
 
 // ARGV: lease id, ttl ms, expected version ("" = only if nobody waits), needed, "all"|"any",
-// record (JSON), user, host, ticket id (""), candidate UUIDs in preference order...
+// record (JSON), user, host, ticket id (""), limited ("1": the plan counted the user's GPUs
+// against a limit), candidate UUIDs in preference order...
 // Takes `needed` free candidates (all of them with "all"), or none. Returns
 // {"ok", token, UUIDs...}, {"busy"}, {"queue"} (someone waits: plan first), {"stale"}
 // (the version moved since the caller's snapshot: plan again) or {"exhausted", last token}
 // (the last token issued is 2^64 - 1: no next one; nothing was written). The token is decimal
 // text, one above the larger valid one of `token` and `token_copy` (garbage in either is
-// ignored) and at least the server's time in microseconds; both keys get it.
+// ignored) and at least the server's time in microseconds; both keys get it. The lease joins
+// `held:USER`. The version moves only when a plan could depend on it: a ticket was served,
+// someone waits, or `limited`.
 extern const RedisScript kAcquire;
 
 // ARGV: lease id, then its UUIDs (none: those the lease's record lists). Deletes each lock that
 // names this lease (compare-and-delete) and the lease, and leaves an "ended" mark for two of the
 // lease's TTLs so that the holder's next renewal reports the lease lost instead of re-creating
 // it. Returns how
-// many locks it deleted.
+// many locks it deleted. The version moves only when someone waits; then the first two tickets
+// that may use the lease's host are woken (see kWake), to plan and wake whom the plan serves.
 extern const RedisScript kRelease;
 
 // ARGV: lease id, ttl ms, token, record, user, host, UUIDs... Extends every lock that names this
@@ -50,10 +61,21 @@ extern const RedisScript kRelease;
 // least this lease's token.
 extern const RedisScript kRenew;
 
-// ARGV: ticket id, ttl ms, body (JSON), user. Joins the queue at the back; returns the seq.
+// ARGV: ticket id, ttl ms, body (JSON), user, hosts it may be served from (each followed by a
+// newline; "" = any). Joins the queue at the back; returns the seq.
 extern const RedisScript kEnter;
 
-// ARGV: ticket id. Leaves the queue.
+// ARGV: ticket id. Leaves the queue, and wakes the first two waiters (wake:ID lists).
 extern const RedisScript kLeave;
+
+// ARGV: ticket id, ttl ms. A waiter's heartbeat: extends its ticket and notes the server's run
+// id in it (`run`), as enter does, so that a snapshot can tell a ticket restored from an RDB or
+// AOF whose waiter never came back (it drops those once the server has been up 2 s). Returns 1,
+// or 0 when the ticket is gone.
+extern const RedisScript kHeartbeat;
+
+// ARGV: ticket ids. Wakes each waiter whose ticket exists: pushes to its `wake:ID` list (kept at
+// one element), on which the waiter blocks (BLPOP). Returns how many were woken.
+extern const RedisScript kWake;
 
 }  // namespace gpulock::redis_scripts

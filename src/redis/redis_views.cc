@@ -52,9 +52,13 @@ PoolStatus RedisBackend::status(bool whole_pool) {
   status.taken_at = std::chrono::system_clock::now();
   RedisConnectionLoan connection(*connections_);
   std::vector<Device> local = register_devices(*connection);
-  const Snapshot snap = registered_snapshot(*connection, whole_pool ? "" : settings_.host, local);
+  const std::vector<std::string> scope;  // empty: every host
+  const Snapshot snap =
+      registered_snapshot(*connection, whole_pool ? scope : std::vector{settings_.host}, "", local);
   status.warnings = snap.warnings;
-  for (const Gpu& g : snap.gpus) status.gpus.push_back(describe(g, snap));
+  // The snapshot also lists the hosts queued tickets may use: show only what was asked for.
+  for (const Gpu& g : snap.gpus)
+    if (whole_pool || g.host == settings_.host) status.gpus.push_back(describe(g, snap));
   // The queue is the pool's, whichever hosts are shown.
   status.queue_length = static_cast<int>(snap.tickets.size());
   status.queue_policy = queue_policy_name(config_.policy);
@@ -64,7 +68,8 @@ PoolStatus RedisBackend::status(bool whole_pool) {
 
 QueueStatus RedisBackend::queue() {
   RedisConnectionLoan connection(*connections_);
-  return queue_of(snapshot(*connection, "", source_->devices()));
+  // The tickets' hosts are enough to plan the queue.
+  return queue_of(snapshot(*connection, {settings_.host}, "", source_->devices()));
 }
 
 QueueStatus RedisBackend::queue_of(const Snapshot& snap) {

@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import time
 
 import pytest
@@ -301,6 +302,39 @@ def test_run_stopped_past_ttl_kill_stops_the_command_when_it_continues(rw, stop_
     assert "lost" in holder.bg.stderr(), holder.bg.stderr()
     # Its keys are not left behind, restored: the GPU can be leased again.
     assert rw.run_no_wait("-n", "1").returncode == 0
+
+
+def test_a_c_api_holder_stopped_past_its_ttl_knows_at_once_that_its_lease_is_lost(rw):
+    # The C API's equivalent of the Python package's test: SIGSTOP until Redis has dropped the
+    # lease's key and another lease has used the GPU, then SIGCONT with the question already
+    # waiting on stdin. The first answer, given before the lease's renewal thread need have
+    # run, must be "lost" (by the lease's own clock); gpulock_lease_verify() then says
+    # GPULOCK_NOT_FOUND. Several times over, to catch the race.
+    build = os.environ.get("GPULOCK_BUILD_DIR", "")
+    program = os.path.join(build, "tests", "capi_paused_holder")
+    if not os.access(program, os.X_OK):
+        pytest.fail("no %s: build the capi_paused_holder target" % program)
+    uuids = rw.register("node-a", gpus=1)
+    for attempt in range(3):
+        holder = subprocess.Popen([program], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True,
+                                  env=rw.env(host="node-a"))
+        try:
+            first = holder.stdout.readline().split()
+            assert first == ["held", uuids[0]], first
+            os.kill(holder.pid, signal.SIGSTOP)
+            wait_until(lambda: rw.server.command("GET", rw.lock_key(uuids[0])) is None,
+                       timeout=HANG, interval=0.05, what="the stopped holder's lock to expire")
+            other = rw.run_no_wait("-n", "1")
+            assert other.returncode == 0, "the GPU was not free: %r" % (other,)
+            holder.stdin.write("check\nverify\n")
+            holder.stdin.flush()
+            os.kill(holder.pid, signal.SIGCONT)
+            assert holder.stdout.readline().strip() == "lost", "attempt %d" % attempt
+            assert holder.stdout.readline().strip() == "verify 5", "attempt %d" % attempt
+        finally:
+            holder.kill()
+            holder.wait()
 
 
 def test_short_pause_does_not_lose_the_lease(rw):

@@ -130,3 +130,49 @@ def test_a_ticket_of_before_the_snapshot_does_not_stall_the_queue(gl):
             assert w.wait() == 0, w.describe()
     finally:
         server.close()
+
+
+def test_a_restored_ticket_whose_waiter_ended_is_dropped_soon(gl):
+    # As above, but every restored ticket is given a long TTL right after the restart (as a
+    # ticket renewed just before the save would have): the ended waiter's ticket must not wait
+    # for its TTL. It was not renewed since the server started, so once live waiters have had
+    # 2 s to come back and renew theirs, a snapshot drops it.
+    server = server_for("rdb")
+    try:
+        rw = RedisWorld(gl, server)
+        rw.register("node-a", gpus=2)
+        holders = [rw.hold("-n", "1"), rw.hold("-n", "1")]
+        served = [rw.tmp / ("served-%d" % i) for i in range(WAITERS)]
+        waiters = [rw.spawn("run", "-n", "2", "--", "sh", "-c", SERVED_SCRIPT, "waiter", path)
+                   for path in served]
+        wait_until(lambda: queue_length(rw) == WAITERS, timeout=HANG, interval=0.05,
+                   what="every waiter to join the queue")
+        assert server.command("SAVE") == "OK"
+        for holder in holders:
+            holder.finish()
+        wait_until(lambda: any(path.exists() for path in served), timeout=HANG, interval=0.01,
+                   what="the first waiter to be served")
+        first = next(w for w, path in zip(waiters, served) if path.exists())
+        assert first.wait() == 0, first.describe()
+        server.kill()
+        time.sleep(TTL_SECONDS + 1.0)
+        server.start()
+        up = time.time()
+        for ticket in server.command("ZRANGE", rw.key("queue"), "0", "-1"):
+            server.command("PEXPIRE", rw.key("ticket:" + ticket), "120000")
+
+        def all_served():
+            for w in waiters:
+                if not w.alive() and w.popen.returncode != 0:
+                    raise AssertionError("a waiter failed: " + w.describe())
+            return all(path.exists() for path in served)
+        wait_until(all_served, timeout=HANG, interval=0.05, what="every waiter to be served")
+        delays = sorted(float(path.read_text()) - up for path in served)
+        after = [d for d in delays if d > 0]
+        # Before, the stale ticket held the queue for its 120 s TTL (or the waiters' 10 s
+        # re-check); SERVED_WITHIN is half that re-check.
+        assert after and after[0] < SERVED_WITHIN, delays
+        for w in waiters:
+            assert w.wait() == 0, w.describe()
+    finally:
+        server.close()

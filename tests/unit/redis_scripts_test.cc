@@ -118,7 +118,7 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
   const RedisValue snap = Snapshot();
   const long long after = ServerMs();
   ASSERT_EQ(snap.type, Type::kArray);
-  ASSERT_EQ(snap.elements.size(), 6u);
+  ASSERT_EQ(snap.elements.size(), 8u);
   // version, server time in ms
   EXPECT_EQ(snap.elements[0].text, Version());
   ASSERT_EQ(snap.elements[1].type, Type::kInteger);
@@ -166,12 +166,64 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
   EXPECT_GT(snap.elements[5].elements[5].integer, 0);
   EXPECT_LE(snap.elements[5].elements[5].integer, 60000);
 
-  // A host filter lists that host's GPUs only (the hosts and the queue are the pool's).
-  const RedisValue only_h2 = Snapshot("h2");
-  EXPECT_EQ(only_h2.elements[2].elements.size(), 6u);
+  // elsewhere: nothing for a whole-pool snapshot; whole: 1.
+  EXPECT_EQ(snap.elements[6].elements.size(), 0u);
+  EXPECT_EQ(snap.elements[7].integer, 1);
+
+  // A ticket that may use any host widens every scope to the whole pool.
+  EXPECT_EQ(Snapshot("h2\n").elements[7].integer, 1);
+  // Once it is gone, a scope lists its hosts and their GPUs only (the queue is the pool's), and
+  // counts the GPUs the user asking holds elsewhere.
+  conn_->run(redis_scripts::kLeave, {keys_.version()}, {"ticket-1"});
+  const RedisValue only_h2 =
+      conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h2\n", "tester"});
+  EXPECT_EQ(Texts(only_h2.elements[2]).at(0), "h2");
+  EXPECT_EQ(only_h2.elements[2].elements.size(), 3u);
   EXPECT_EQ(only_h2.elements[3].elements.size(), 7u);
   EXPECT_EQ(only_h2.elements[4].elements.size(), 0u);
-  EXPECT_EQ(only_h2.elements[5].elements.size(), 6u);
+  EXPECT_EQ(only_h2.elements[5].elements.size(), 0u);
+  EXPECT_EQ(Texts(only_h2.elements[6]), (std::vector<std::string>{"tester", "1"}));
+  EXPECT_EQ(only_h2.elements[7].integer, 0);
+  // A ticket limited to h1 widens a scope of h2 by h1 only.
+  conn_->run(redis_scripts::kEnter, {keys_.version()},
+             {"ticket-2", "60000", "{\"body\":1}", "waiter", "h1\n"});
+  const RedisValue widened = Snapshot("h2\n");
+  EXPECT_EQ(widened.elements[2].elements.size(), 6u);
+  EXPECT_EQ(widened.elements[3].elements.size(), 21u);
+  EXPECT_EQ(widened.elements[7].integer, 0);
+  // An unknown host in a scope is not listed (h1 is, for the ticket).
+  EXPECT_EQ(Texts(Snapshot("nowhere\n").elements[2]).at(0), "h1");
+  EXPECT_EQ(Snapshot("nowhere\n").elements[2].elements.size(), 3u);
+}
+
+// A host's request reads that host's keys: the cost of a scoped snapshot does not grow with
+// the hosts outside it, and GPUs held there count through the users' `held:` sets.
+TEST_F(RedisScriptsTest, AScopedSnapshotCountsGpusHeldElsewhere) {
+  Register("h1", 2);
+  Register("h2", 2);
+  AcquireArgs a;
+  a.lease_id = "far";
+  a.expected_version = Version();
+  a.needed = 2;
+  a.host = "h2";
+  a.candidates = {TestUuid("h2", 0), TestUuid("h2", 1)};
+  ASSERT_EQ(Texts(Acquire(a)).at(0), "ok");
+  EXPECT_EQ(Cmd({"ZCARD", keys_.prefix() + "held:tester"}).integer, 1);
+  const RedisValue snap =
+      conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h1\n", "tester"});
+  EXPECT_EQ(snap.elements[3].elements.size(), 14u);  // h1's two GPUs only
+  EXPECT_EQ(Texts(snap.elements[6]), (std::vector<std::string>{"tester", "2"}));
+  // A lease that expired counts no more, and leaves the set.
+  Cmd({"ZADD", keys_.prefix() + "held:tester", "1", "far"});
+  const RedisValue later =
+      conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h1\n", "tester"});
+  EXPECT_EQ(later.elements[6].elements.size(), 0u);
+  EXPECT_EQ(Cmd({"ZCARD", keys_.prefix() + "held:tester"}).integer, 0);
+  // A renewal puts it back; a release takes it out.
+  Renew("far", 60000, "5", {TestUuid("h2", 0), TestUuid("h2", 1)});
+  EXPECT_EQ(Cmd({"ZCARD", keys_.prefix() + "held:tester"}).integer, 1);
+  Release("far", {});
+  EXPECT_EQ(Cmd({"ZCARD", keys_.prefix() + "held:tester"}).integer, 0);
 }
 
 TEST_F(RedisScriptsTest, RegisterBumpsTheVersionOnlyWhenTheStaticInformationChanges) {
@@ -201,6 +253,7 @@ TEST_F(RedisScriptsTest, AcquireAllTakesEveryCandidateOrNone) {
   AcquireArgs a;
   a.lease_id = "lease-all";
   a.expected_version = version;
+  a.limited = true;  // so that taking GPUs moves the version
   a.needed = 4;
   a.candidates = {U(0), U(1), U(2), U(3)};
   EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"busy"});
@@ -307,11 +360,42 @@ TEST_F(RedisScriptsTest, AcquireWithAStaleVersionIsRefused) {
   EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"stale"});
   EXPECT_FALSE(Exists(keys_.lock(U(0))));
   EXPECT_EQ(Version(), version);
-  // Another acquire moves the version: the old one is stale now.
+  // While someone waits, another acquire moves the version: the old one is stale now.
+  Enter("someone");
+  const std::string waiting = Version();
   ASSERT_EQ(Take("other", {U(1)}).at(0), "ok");
-  a.expected_version = version;
+  a.expected_version = waiting;
   EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"stale"});
   EXPECT_FALSE(Exists(keys_.lock(U(0))));
+}
+
+// Plans depend on the free GPUs only through the queue (and limits): with nobody waiting, an
+// acquire or release elsewhere in the pool leaves the version, so concurrent requests on other
+// hosts do not make each other plan again.
+TEST_F(RedisScriptsTest, TheVersionMovesOnlyWhenAPlanCouldDependOnTheChange) {
+  Register("h1", 3);
+  const std::string quiet = Version();
+  const auto ok = Take("a", {U(0)});
+  ASSERT_EQ(ok.at(0), "ok");
+  EXPECT_EQ(Version(), quiet);
+  EXPECT_EQ(Release("a", {U(0)}).integer, 1);
+  EXPECT_EQ(Version(), quiet);
+  // A limit applies: the acquire moves it.
+  AcquireArgs a;
+  a.lease_id = "b";
+  a.expected_version = quiet;
+  a.limited = true;
+  a.candidates = {U(1)};
+  ASSERT_EQ(Texts(Acquire(a)).at(0), "ok");
+  EXPECT_NE(Version(), quiet);
+  // Someone waits: acquires and releases move it.
+  Enter("w");
+  std::string v = Version();
+  ASSERT_EQ(Take("c", {U(2)}).at(0), "ok");
+  EXPECT_NE(Version(), v);
+  v = Version();
+  Release("c", {U(2)});
+  EXPECT_NE(Version(), v);
 }
 
 TEST_F(RedisScriptsTest, AMissingVersionKeyReadsAsZero) {
@@ -323,6 +407,7 @@ TEST_F(RedisScriptsTest, AMissingVersionKeyReadsAsZero) {
   a.candidates = {U(0)};
   EXPECT_EQ(Texts(Acquire(a)), std::vector<std::string>{"stale"});
   a.expected_version = "0";
+  a.limited = true;
   EXPECT_EQ(Texts(Acquire(a)).at(0), "ok");
   EXPECT_EQ(Version(), "1");
 }
@@ -393,6 +478,7 @@ TEST_F(RedisScriptsTest, ReleaseIsCompareAndDelete) {
   ASSERT_EQ(Take("lease-r", {U(0), U(1)}).at(0), "ok");
   // GPU 1's lock went to another lease (as after an expiry).
   Cmd({"SET", keys_.lock(U(1)), "lease-other", "PX", "60000"});
+  Enter("waiting");  // so that a release moves the version
   const std::string version = Version();
   const RedisValue released = Release("lease-r", {U(0), U(1)});
   EXPECT_EQ(released.integer, 1);
@@ -428,12 +514,13 @@ TEST_F(RedisScriptsTest, ScriptsPublishEvents) {
   Register("h1", 1);
   auto subscriber = server_.connect();
   subscriber->subscribe(keys_.events());
+  Enter("tk");  // waiters are whom events are for
+  EXPECT_EQ(subscriber->next_message(std::chrono::seconds(10)), "enter");
   ASSERT_EQ(Take("lease-e", {U(0)}).at(0), "ok");
+  EXPECT_EQ(subscriber->next_message(std::chrono::seconds(10)), "acquiring");
   EXPECT_EQ(subscriber->next_message(std::chrono::seconds(10)), "acquire");
   Release("lease-e", {U(0)});
   EXPECT_EQ(subscriber->next_message(std::chrono::seconds(10)), "release");
-  Enter("tk");
-  EXPECT_EQ(subscriber->next_message(std::chrono::seconds(10)), "enter");
 }
 
 TEST_F(RedisScriptsTest, RenewExtendsTheTtl) {
@@ -804,4 +891,35 @@ TEST_F(RedisScriptsTest, AGarbageHostsKeyDoesNotMakeRegisterFail) {
 }
 
 }  // namespace
+// A release while someone waits wakes the first live waiter that may use the lease's host (and
+// any that look dead before it: not renewed for half their TTL), through its wake list.
+TEST_F(RedisScriptsTest, AReleaseWakesTheFirstLiveWaiterForItsHost) {
+  Register("h1", 1);
+  ASSERT_EQ(Take("lease-w", {U(0)}).at(0), "ok");
+  const auto enter = [&](const std::string& id, const std::string& hosts, long long ttl) {
+    conn_->run(redis_scripts::kEnter, {keys_.version()},
+               {id, std::to_string(ttl), "{\"body\":1}", "waiter", hosts});
+  };
+  enter("other-host", "h2\n", 60000);
+  enter("stale", "h1\n", 2000);  // as if its waiter stopped renewing it
+  enter("live", "", 60000);      // any host
+  enter("later", "h1\n", 60000);
+  Release("lease-w", {U(0)});
+  const auto wakes = [&](const std::string& id) {
+    return Cmd({"LLEN", keys_.prefix() + "wake:" + id}).integer;
+  };
+  EXPECT_EQ(wakes("other-host"), 0);
+  EXPECT_EQ(wakes("stale"), 1);
+  EXPECT_EQ(wakes("live"), 1);
+  EXPECT_EQ(wakes("later"), 0);
+  // wake: one element at most, only for tickets that exist; leaving drops the list.
+  EXPECT_EQ(conn_->run(redis_scripts::kWake, {keys_.version()}, {"live", "later", "gone"}).integer,
+            2);
+  EXPECT_EQ(wakes("live"), 1);
+  EXPECT_EQ(wakes("later"), 1);
+  EXPECT_EQ(wakes("gone"), 0);
+  conn_->run(redis_scripts::kLeave, {keys_.version()}, {"live"});
+  EXPECT_EQ(wakes("live"), 0);
+}
+
 }  // namespace gpulock

@@ -73,6 +73,7 @@ struct AcquireArgs {
   std::string user = "tester";
   std::string host = "h1";
   std::string ticket;
+  bool limited = false;  // the plan counted the user's GPUs against a limit
   std::vector<std::string> candidates;
 };
 
@@ -86,7 +87,8 @@ inline RedisValue RunAcquire(RedisConnection& connection, const RedisPoolKeys& k
                                 a.record,
                                 a.user,
                                 a.host,
-                                a.ticket};
+                                a.ticket,
+                                a.limited ? "1" : "0"};
   args.insert(args.end(), a.candidates.begin(), a.candidates.end());
   return connection.run(redis_scripts::kAcquire, {keys.version()}, args);
 }
