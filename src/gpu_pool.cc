@@ -2,6 +2,7 @@
 #include "gpulock/gpu_pool.hpp"
 
 #include "backend/lease_backend.h"
+#include "gpulock/error.hpp"
 #include "open_backend.h"
 
 namespace gpulock {
@@ -17,6 +18,9 @@ GpuPool& GpuPool::operator=(GpuPool&&) noexcept = default;
 GpuPool::~GpuPool() = default;
 
 Lease GpuPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
+  if ((request.memory_bytes || request.slots) && backend_->name() != "file")
+    throw Error(ErrorCode::kUnsatisfiable,
+                "shared leases (--mem, --slots) are only supported on the local backend so far");
   return backend_->acquire(request, hooks);
 }
 PoolStatus GpuPool::status() {

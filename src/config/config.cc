@@ -134,10 +134,19 @@ class ConfigReader {
         }
       } else if (key == "redis_password_file") {
         config.redis_password_file = read_text(node, "'redis_password_file'");
+      } else if (key == "max_jobs_per_gpu") {
+        config.max_jobs_per_gpu = read_limit(node, "'max_jobs_per_gpu'", 1);
+      } else if (key == "shared_memory_reserve") {
+        try {
+          config.shared_memory_reserve_bytes =
+              parse_size(read_text(node, "'shared_memory_reserve' (\"2G\")"));
+        } catch (const Error& error) {
+          fail_at(node.source(), fmt::format("'shared_memory_reserve': {}", error.what()));
+        }
       } else {
         unknown_key(key, node, "",
                     {"policy", "exclude_gpus", "limits", "backend", "pool", "lease_ttl",
-                     "redis_password_file"});
+                     "redis_password_file", "max_jobs_per_gpu", "shared_memory_reserve"});
       }
     }
     return config;

@@ -3,6 +3,8 @@
 // can never be lost; destroying the keeper closes this process's copies.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -16,8 +18,9 @@ namespace gpulock {
 
 class LocalLeaseKeeper final : public LeaseKeeper {
  public:
-  // `fds`: the locked descriptors of the lease's GPUs, in the lease's order.
-  explicit LocalLeaseKeeper(std::vector<UniqueFd> fds);
+  // `fds`: the locked descriptors of the lease's GPUs, in the lease's order. `record_offsets`:
+  // where each file takes the record (a shared lease's slot); empty for offset 0 everywhere.
+  explicit LocalLeaseKeeper(std::vector<UniqueFd> fds, std::vector<off_t> record_offsets = {});
 
   // Writes the record into every lock file.
   void publish_record(const HolderRecord& record) override;
@@ -38,6 +41,7 @@ class LocalLeaseKeeper final : public LeaseKeeper {
  private:
   std::vector<UniqueFd> fds_;
   std::vector<int> raw_fds_;
+  std::vector<off_t> record_offsets_;
 };
 
 }  // namespace gpulock

@@ -11,11 +11,14 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "gpulock/error.hpp"
 #include "gpulock/run.hpp"
@@ -53,6 +56,20 @@ std::vector<std::pair<std::string, std::string>> lease_environment(const Lease& 
       {"CUDA_DEVICE_ORDER", "PCI_BUS_ID"},
       {"GPULOCK_LEASE_ID", lease.id()},
       {"GPULOCK_GPUS", lease.uuid_list()}};
+  if (const std::uint64_t memory = lease.memory_bytes(); memory > 0) {
+    // A shared lease: what frameworks honour to stay within it (cooperative, not a fence).
+    env.emplace_back("GPULOCK_MEMORY_LIMIT_BYTES", std::to_string(memory));
+    double fraction = 1;
+    for (const auto& gpu : lease.gpus())
+      if (gpu.memory_total_bytes > 0)
+        fraction = std::min(
+            fraction, static_cast<double>(memory) / static_cast<double>(gpu.memory_total_bytes));
+    // Rounded down, so that the framework's share never exceeds the reservation.
+    env.emplace_back("XLA_PYTHON_CLIENT_MEM_FRACTION",
+                     fmt::format("{:.3f}", std::floor(fraction * 1000) / 1000));
+    env.emplace_back("XLA_PYTHON_CLIENT_PREALLOCATE", "false");
+    env.emplace_back("TF_FORCE_GPU_ALLOW_GROWTH", "true");
+  }
   if (lease.fencing_token() != 0) {
     env.emplace_back("GPULOCK_FENCING_TOKEN", std::to_string(lease.fencing_token()));
     env.emplace_back("GPULOCK_LEASE_HOST", lease.host());
