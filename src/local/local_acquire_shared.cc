@@ -48,9 +48,9 @@ off_t wanted_units(const LeaseRequest& request, off_t total_units) {
 Lease LocalBackend::acquire_shared(const LeaseRequest& request, const WaitHooks& hooks) {
   validate_request(request);
   if (request.memory_bytes && *request.memory_bytes == 0)
-    throw Error(ErrorCode::kInvalidArgument, "--mem must be more than 0");
+    throw Error(ErrorCode::kInvalidArgument, "a shared lease's memory (--mem) must be more than 0");
   if (request.slots && *request.slots == 0)
-    throw Error(ErrorCode::kInvalidArgument, "--slots must be at least 1");
+    throw Error(ErrorCode::kInvalidArgument, "slots (--slots) must be at least 1");
   const auto start = Clock::now();
   const Clock::time_point deadline = wait_deadline(request, start);
   const std::size_t needed = request.gpus.empty() ? request.count : request.gpus.size();

@@ -162,3 +162,62 @@ def test_bad_shared_requests_get_clear_errors(gl):
     assert too_big.returncode == 69 and "80.0 GiB" in too_big.stderr, too_big.stderr
     bad = gl.run("run", "--mem", "lots", "--", "true", env=env)
     assert bad.returncode == 64, bad.stderr
+
+
+def over_memory_setup(gl, tmp_name):
+    """A simulated 80 GiB GPU read from a file, and a command under a 10 GiB shared lease that
+    writes its pid and waits; returns (env, pid file)."""
+    fake = gl.write_fake_gpus([{"memory_total": "80G"}])
+    env = gl.env(fake=fake)
+    pid_file = gl.tmp / tmp_name
+    return env, pid_file
+
+
+def start_job(gl, env, pid_file, *extra):
+    script = 'echo $$ > "$1.tmp" && mv "$1.tmp" "$1"; exec sleep 1000'
+    # `exec` keeps the pid: the process the simulated readings name is the command itself.
+    bg = gl.spawn("run", "--mem", "10G", *extra, "--", "sh", "-c", script, "job", pid_file,
+                  env=env)
+    wait_until(lambda: pid_file.exists() or not bg.alive(), what="the job to start")
+    assert bg.alive(), bg.describe()
+    return bg, int(pid_file.read_text())
+
+
+def test_over_reservation_is_reported_in_status(gl):
+    env, pid_file = over_memory_setup(gl, "job.pid")
+    bg, pid = start_job(gl, env, pid_file, "--on-over-memory", "warn")
+    shared = gl.gpu_status(0, env=env)["shared"]
+    assert shared["jobs"] == 1 and shared["reserved_bytes"] == 10 * GIB
+    [lease] = shared["leases"]
+    assert lease["memory_bytes"] == 10 * GIB and lease["over_reservation"] is False
+    # The driver (simulated) now reports the job using 12 GiB: over its 10 GiB.
+    gl.write_fake_gpus([{"memory_total": "80G",
+                         "processes": [{"pid": pid, "used_memory": "12G"}]}])
+    gpu = gl.gpu_status(0, env=env)
+    [lease] = gpu["shared"]["leases"]
+    assert lease["over_reservation"] is True and lease["memory_used_bytes"] == 12 * GIB
+    assert [p["foreign"] for p in gpu["processes"]] == [False]
+    text = gl.run("status", env=env).stdout
+    assert "OVER" in text, text
+    bg.wait_for_stderr("more than the 10.0 GiB it reserved", timeout=HANG)
+    assert bg.alive()  # warn only
+
+
+def test_over_reservation_terminates_with_term(gl):
+    env, pid_file = over_memory_setup(gl, "job.pid")
+    bg, pid = start_job(gl, env, pid_file, "--on-over-memory", "term")
+    gl.write_fake_gpus([{"memory_total": "80G",
+                         "processes": [{"pid": pid, "used_memory": "11G"}]}])
+    assert bg.wait(timeout=HANG) == 128 + signal.SIGTERM, bg.describe()
+    assert "stopping the command" in bg.stderr()
+
+
+def test_memory_used_outside_gpulock_counts(gl):
+    sleeper = gl.sleeper()
+    fake = gl.write_fake_gpus([{"memory_total": "80G",
+                                "processes": [{"pid": sleeper.pid, "used_memory": "50G"}]}])
+    env = gl.env(fake=fake)
+    # 80 GiB less the sleeper's 50 GiB leaves 30 GiB.
+    assert gl.run("run", "--mem", "31G", "--no-wait", "--", "true",
+                  env=env).returncode == EX_TEMPFAIL
+    assert gl.run("run", "--mem", "30G", "--no-wait", "--", "true", env=env).returncode == 0
