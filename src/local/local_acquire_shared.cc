@@ -122,11 +122,21 @@ Lease LocalBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
         ~Unlocker() { unlock(fd); }
       } unlocker{acquire_mutex_fd_.get()};
 
+      // The index's slots are only claims: a waiter that died leaves its slot until someone
+      // finds it dead. Check each (one fcntl) and clear the dead, so that a dead slot cannot
+      // hold shared requests back. The first live one is enough to wait for.
+      std::size_t waiting = 0;
       const QueueDirectory::Listing listing = list_queue_index();
-      if (!listing.live.empty()) {
-        blocked_by =
-            fmt::format("{} request{} for whole GPUs wait{} in the queue", listing.live.size(),
-                        listing.live.size() == 1 ? "" : "s", listing.live.size() == 1 ? "s" : "");
+      if (QueueDirectory* queue = queue_dir(false))
+        for (std::size_t i = 0; i < listing.live.size() && waiting == 0; ++i) {
+          if (queue->is_live(listing.live[i].id)) {
+            ++waiting;
+          } else if (i < listing.index.size()) {
+            queue->remove_dead(listing.index[i]);
+          }
+        }
+      if (waiting > 0) {
+        blocked_by = "requests for whole GPUs wait in the queue (they go first)";
       } else {
         struct Fitting {
           const Device* device;

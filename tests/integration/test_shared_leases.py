@@ -221,3 +221,19 @@ def test_memory_used_outside_gpulock_counts(gl):
     assert gl.run("run", "--mem", "31G", "--no-wait", "--", "true",
                   env=env).returncode == EX_TEMPFAIL
     assert gl.run("run", "--mem", "30G", "--no-wait", "--", "true", env=env).returncode == 0
+
+
+def test_a_killed_whole_gpu_waiter_does_not_hold_shared_requests_back(gl):
+    env = gl.env(fake="2")
+    holder, _ = gl.hold("--gpus", "0", env=env)
+    waiter = gl.spawn("run", "--gpus", "0", "--", "true", env=env)
+    waiter.wait_for_stderr("waiting", timeout=HANG)
+    # While it waits, shared requests wait behind it, even for the other GPU.
+    blocked = gl.run("run", "--mem", "10G", "--no-wait", "--", "true", env=env)
+    assert blocked.returncode == EX_TEMPFAIL, blocked.stderr
+    waiter.kill_group(signal.SIGKILL)
+    waiter.wait()
+    # Its slot in the queue's index stays until someone finds it dead: a shared request does.
+    result = gl.run("run", "--mem", "10G", "--timeout", "%ds" % HANG, "--", "true", env=env)
+    assert result.returncode == 0, result.stderr
+    assert holder.alive()
