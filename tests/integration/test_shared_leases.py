@@ -4,6 +4,7 @@ no starvation of whole-GPU requests. Real processes, real locks, simulated 80 Gi
 import json
 import os
 import random
+import re
 import signal
 import time
 
@@ -237,3 +238,70 @@ def test_a_killed_whole_gpu_waiter_does_not_hold_shared_requests_back(gl):
     result = gl.run("run", "--mem", "10G", "--timeout", "%ds" % HANG, "--", "true", env=env)
     assert result.returncode == 0, result.stderr
     assert holder.alive()
+
+
+def gpu_of(gl, env, *args):
+    """The GPU index a `gpulock run ARGS -- ...` held in the background got."""
+    bg, _ = gl.hold(*args, env=env)
+    return bg, sim_index(bg.gpus[0])
+
+
+def sim_index(uuid):
+    return int(uuid.rsplit("-", 1)[1], 16)
+
+
+def test_placement_packs_by_default_and_spreads_on_request(gl):
+    env = gl.env(fake="4")
+    held = [gpu_of(gl, env, "--mem", "10G") for _ in range(3)]
+    assert [index for _, index in held] == [0, 0, 0]  # partly used GPUs fill up first
+    spread = [gpu_of(gl, env, "--mem", "10G", "--spread") for _ in range(3)]
+    assert sorted(index for _, index in spread) == [1, 2, 3]  # the emptiest first
+
+
+def test_slots_cap_the_jobs_on_a_gpu(gl):
+    env = gl.env(fake="1")
+    for _ in range(2):
+        gl.hold("--mem", "1G", "--slots", "2", env=env)
+    third = gl.run("run", "--mem", "1G", "--slots", "2", "--no-wait", "--", "true", env=env)
+    assert third.returncode == EX_TEMPFAIL, third.stderr
+    # Without a cap of its own a request still fits (the cap is the request's, or the config's).
+    assert gl.run("run", "--mem", "1G", "--no-wait", "--", "true", env=env).returncode == 0
+    # Without --mem, a request takes 1/slots of the GPU.
+    fresh = gl.env(fake="1", lock_dir=gl.tmp / "other-locks")
+    quarter, _ = gl.hold("--slots", "4", env=fresh)
+    assert gl.gpu_status(0, env=fresh)["shared"]["reserved_bytes"] == 20 * GIB
+
+
+def test_config_caps_jobs_and_keeps_a_reserve(gl):
+    config = gl.tmp / "config.toml"
+    config.write_text('max_jobs_per_gpu = 2\nshared_memory_reserve = "20G"\n')
+    env = gl.env(fake="1", GPULOCK_CONFIG=config)
+    too_big = gl.run("run", "--mem", "61G", "--", "true", env=env)
+    assert too_big.returncode == 69, too_big.stderr  # 80 GiB less the 20 GiB reserve
+    gl.hold("--mem", "30G", env=env)
+    assert gl.run("run", "--mem", "31G", "--no-wait", "--", "true",
+                  env=env).returncode == EX_TEMPFAIL
+    gl.hold("--mem", "30G", env=env)
+    assert gl.run("run", "--mem", "1G", "--no-wait", "--", "true",
+                  env=env).returncode == EX_TEMPFAIL  # two jobs already
+    doc = gl.gpu_status(0, env=env)["shared"]
+    assert doc["jobs"] == 2 and doc["admin_reserve_bytes"] == 20 * GIB
+    assert doc["unreserved_bytes"] == 0
+
+
+def test_detached_shared_lease_is_shown_and_released(gl):
+    env = gl.env(fake="1")
+    watched = gl.sleeper()
+    result = gl.run("acquire", "--mem", "10G", "--label", "notebook", "--for-pid", watched.pid,
+                    env=env)
+    assert result.returncode == 0, result.stderr
+    exports = dict(re.findall(r"^export ([A-Z_]+)='([^']*)'$", result.stdout, re.M))
+    lease = exports["GPULOCK_LEASE_ID"]
+    [shown] = gl.gpu_status(0, env=env)["shared"]["leases"]
+    assert shown["lease_id"] == lease and shown["kind"] == "detached"
+    assert shown["label"] == "notebook" and shown["memory_bytes"] == 10 * GIB
+    text = gl.run("status", env=env).stdout
+    assert "shared by 1 lease: 10.0 GiB reserved, 70.0 GiB unreserved" in text, text
+    assert gl.run("release", lease, env=env).returncode == 0
+    assert gl.gpu_status(0, env=env)["shared"] is None
+    assert watched.alive()
