@@ -40,7 +40,7 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   for (std::size_t i = 0; i < requests.size(); ++i) by_user[requests[i].uid].push_back(i);
   std::vector<bool> held_back(requests.size(), false);
   std::vector<OrderKey> keys(requests.size());
-  std::map<uid_t, std::uint64_t> held_by_user;  // whole GPUs, for max_gpus
+  std::map<uid_t, std::uint64_t> held_by_user;   // whole GPUs, for max_gpus
   std::map<uid_t, std::uint64_t> share_by_user;  // in 1/kShareScale of a GPU, for fair share
   for (const auto& gpu : gpus) {
     if (gpu.held && gpu.holder_uid) {
