@@ -5,6 +5,7 @@
 
 #include "backend/lease_backend.h"
 #include "backend/lease_state.h"
+#include "gpulock/error.hpp"
 #include "journal/lease_journal.h"
 #include "open_backend.h"
 #include "util/unix_time.h"
@@ -22,6 +23,9 @@ GpuPool& GpuPool::operator=(GpuPool&&) noexcept = default;
 GpuPool::~GpuPool() = default;
 
 Lease GpuPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
+  if ((request.memory_bytes || request.slots) && backend_->name() != "file")
+    throw Error(ErrorCode::kUnsatisfiable,
+                "shared leases (--mem, --slots) are only supported on the local backend so far");
   const auto asked_at = std::chrono::system_clock::now();
   Lease lease = backend_->acquire(request, hooks);
   if (lease.state_) {

@@ -100,6 +100,33 @@ std::string status_to_json(const PoolStatus& status) {
                          {"started_at", unix_seconds(h.started_at)},
                          {"held_seconds", std::max(0.0, now - unix_seconds(h.started_at))},
                          {"gpus", h.gpus}};
+      if (h.memory_bytes) entry["holder"]["memory_bytes"] = *h.memory_bytes;
+    }
+    entry["shared"] = nullptr;
+    if (g.shared) {
+      json leases = json::array();
+      for (const HolderInfo& h : g.shared->leases)
+        leases.push_back({{"lease_id", h.lease_id},
+                          {"user", h.user},
+                          {"uid", h.uid},
+                          {"kind", h.kind},
+                          {"pid", h.pid},
+                          {"pid_alive", h.holder_alive},
+                          {"member_pids", h.member_pids},
+                          {"command", h.command},
+                          {"label", h.label},
+                          {"started_at", unix_seconds(h.started_at)},
+                          {"memory_bytes", h.memory_bytes.value_or(0)},
+                          {"memory_used_bytes", h.memory_used_bytes},
+                          {"over_reservation", h.over_reservation},
+                          {"gpus", h.gpus}});
+      const std::uint64_t total = g.device.memory_total_bytes.value_or(0);
+      const std::uint64_t kept = g.shared->reserved_bytes + g.shared->reserve_bytes;
+      entry["shared"] = {{"jobs", g.shared->jobs},
+                         {"reserved_bytes", g.shared->reserved_bytes},
+                         {"admin_reserve_bytes", g.shared->reserve_bytes},
+                         {"unreserved_bytes", total > kept ? total - kept : 0},
+                         {"leases", leases}};
     }
     gpus.push_back(std::move(entry));
   }

@@ -47,6 +47,10 @@ std::chrono::system_clock::time_point Lease::started_at() const {
   return state_ ? state_->started_at : std::chrono::system_clock::time_point{};
 }
 
+std::uint64_t Lease::memory_bytes() const {
+  return state_ ? state_->record.memory_bytes.value_or(0) : 0;
+}
+
 std::string Lease::cuda_visible_devices(VisibleFormat format) const {
   return format_visible_devices(gpus(), format);
 }

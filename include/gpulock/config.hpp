@@ -15,6 +15,10 @@
 //   max_gpus = 8
 //   max_waiting = 200
 //
+//   # Shared leases (several jobs per GPU by memory, `gpulock run --mem 10G`):
+//   max_jobs_per_gpu = 8           # shared leases on one GPU at once; unset = no cap
+//   shared_memory_reserve = "2G"   # memory of every GPU never handed to shared leases
+//
 //   # The Redis backend (docs/redis.md); GPULOCK_BACKEND, GPULOCK_POOL, GPULOCK_LEASE_TTL and
 //   # GPULOCK_REDIS_PASSWORD override these.
 //   backend = "redis://gpulock@redis-host:6379/0"   # or "file" (the default)
@@ -65,6 +69,8 @@ struct Config {
   bool serve_show_commands = false;
   std::string journal_dir;  // the local usage journal's directory, "off", or "" = the default
   std::uint64_t journal_file_size = 64ull << 20;  // a journal file is rotated past this size
+  std::optional<unsigned> max_jobs_per_gpu;       // shared leases per GPU; unset = no cap
+  std::uint64_t shared_memory_reserve_bytes = 0;  // kept back from shared leases on each GPU
 
   // The limits that apply to `user`: their own entries, else the defaults, field by field.
   UserLimits limits_for(const std::string& user) const;

@@ -101,6 +101,14 @@ gpulock_status gpulock_request_set_count(gpulock_request* request, unsigned coun
 gpulock_status gpulock_request_set_gpus(gpulock_request* request, const char* gpus);
 /* Health filters. A reading the device cannot provide fails the filter. */
 gpulock_status gpulock_request_set_min_free_memory(gpulock_request* request, uint64_t bytes);
+/* A shared lease: this many bytes of each GPU's memory instead of whole GPUs (local backend;
+ * rounded up to 256 MiB units). Cooperative: nothing stops a job from using more. */
+gpulock_status gpulock_request_set_memory(gpulock_request* request, uint64_t bytes);
+/* A shared lease on a GPU with at most `slots` shared leases; without a memory size, 1/slots
+ * of its memory. */
+gpulock_status gpulock_request_set_slots(gpulock_request* request, unsigned slots);
+/* Shared leases: prefer the emptiest GPUs (default 0: fill partly used ones first). */
+gpulock_status gpulock_request_set_spread(gpulock_request* request, int spread);
 gpulock_status gpulock_request_set_max_utilization(gpulock_request* request, unsigned percent);
 gpulock_status gpulock_request_set_max_power(gpulock_request* request, double watts);
 gpulock_status gpulock_request_set_allow_foreign(gpulock_request* request, int allow);
@@ -151,6 +159,8 @@ const char* gpulock_lease_cuda_visible_devices(const gpulock_lease* lease);
 /* Redis backend (GPULOCK_BACKEND=redis://...): the lease's fencing token, strictly increasing
  * per pool (0 with the local backend), and the host whose GPUs these are ("" locally). */
 uint64_t gpulock_lease_fencing_token(const gpulock_lease* lease);
+/* A shared lease: the bytes it reserves on each GPU; 0 for whole GPUs. */
+uint64_t gpulock_lease_memory_bytes(const gpulock_lease* lease);
 const char* gpulock_lease_host(const gpulock_lease* lease);
 /* Redis backend: 1 once the lease expired before it could be renewed, or was released by
  * someone else (its GPUs may then be given to others); always 0 with the local backend. */

@@ -28,6 +28,7 @@ struct LeasedGpu {
   std::string uuid;
   std::string name;
   bool is_mig_instance = false;
+  std::uint64_t memory_total_bytes = 0;  // shared leases: the GPU's memory (0 when unknown)
 };
 
 // How CUDA_VISIBLE_DEVICES names the GPUs: NVML indices (with CUDA_DEVICE_ORDER=PCI_BUS_ID so
@@ -49,6 +50,9 @@ class Lease {
   const std::vector<LeasedGpu>& gpus() const;
   std::chrono::system_clock::time_point started_at() const;
 
+  // A shared lease: the memory it reserves on each of its GPUs (the request rounded up to 256
+  // MiB units); 0 for an exclusive lease.
+  std::uint64_t memory_bytes() const;
   // The value for CUDA_VISIBLE_DEVICES.
   std::string cuda_visible_devices(VisibleFormat format = VisibleFormat::kIndex) const;
   // Comma-separated UUIDs (GPULOCK_GPUS).

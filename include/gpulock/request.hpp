@@ -18,6 +18,19 @@ struct LeaseRequest {
   unsigned count = 1;
   std::vector<std::string> gpus;
 
+  // A shared lease: this much of each GPU's memory (rounded up to 256 MiB units) instead of the
+  // whole GPU. Shared leases coexist on a GPU while their reservations, the memory used there by
+  // processes outside gpulock and the configured reserve fit; an exclusive lease excludes them
+  // all. The limit is cooperative: see docs/design.md, "Shared leases".
+  std::optional<std::uint64_t> memory_bytes;
+  // Shared leases only: at most this many shared leases on a GPU (with this one); the stricter
+  // of this and the config's max_jobs_per_gpu applies. Without memory_bytes, a lease takes
+  // 1/slots of the GPU's memory.
+  std::optional<unsigned> slots;
+  // Shared leases only: prefer the GPUs with the most free memory (default: the least that
+  // fits, so that partly used GPUs fill up first and whole GPUs stay free).
+  bool spread = false;
+
   // Health filters: a GPU qualifies only if its readings are within these bounds. A reading
   // the device cannot provide fails the filter (no guessing).
   std::optional<std::uint64_t> min_free_memory_bytes;

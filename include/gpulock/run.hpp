@@ -3,9 +3,12 @@
 
 #include <sys/types.h>
 
+#include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "gpulock/gpu_pool.hpp"
 #include "gpulock/lease.hpp"
 
 namespace gpulock {
@@ -31,8 +34,19 @@ std::vector<std::pair<std::string, std::string>> lease_environment(const Lease& 
 // kLeaseLossGrace, and the command's status is returned as usual (143 for SIGTERM).
 enum class LeaseLossAction { kWarn, kKill };
 inline constexpr int kLeaseLossGraceSeconds = 10;
+//
+// `check`, when set, is called every `check_period` while the command runs; when it returns
+// true the command is stopped as for a lost lease with kKill (SIGTERM, then SIGKILL).
 int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleFormat format,
-                LeaseLossAction on_loss = LeaseLossAction::kWarn);
+                LeaseLossAction on_loss = LeaseLossAction::kWarn,
+                const std::function<bool()>& check = {},
+                std::chrono::milliseconds check_period = std::chrono::seconds(2));
+
+// A shared lease's memory watch, for run_command's `check`: reads the pool's status, and when
+// the lease's processes use more memory on one of its GPUs than it reserved, prints a warning
+// (once, until it is back within) and, with kTerm, asks to stop the command.
+enum class OverMemoryAction { kWarn, kTerm };
+std::function<bool()> over_memory_check(GpuPool& pool, const Lease& lease, OverMemoryAction action);
 
 // Hands the lease to a detached holder process (its own session, no terminal) that keeps it
 // until `watched_pid` exits or `gpulock release` stops it, and returns the holder's pid once it

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +34,20 @@ struct HolderInfo {
   std::string label;
   std::chrono::system_clock::time_point started_at;
   std::vector<std::string> gpus;  // UUIDs of the whole lease
+  // A shared lease: the memory it reserves on each of its GPUs; unset for an exclusive lease.
+  std::optional<std::uint64_t> memory_bytes;
+  // A shared lease, on the GPU shown: the memory its processes use there (as the driver reports
+  // it), and whether that is more than it reserved (cooperative limits are not fences).
+  std::uint64_t memory_used_bytes = 0;
+  bool over_reservation = false;
+};
+
+// A GPU held by shared leases (several jobs by memory, `gpulock run --mem`).
+struct SharedUse {
+  unsigned jobs = 0;                 // shared leases holding it (from the kernel's locks)
+  std::uint64_t reserved_bytes = 0;  // what they reserve, in all
+  std::uint64_t reserve_bytes = 0;   // kept back by the administrator (shared_memory_reserve)
+  std::vector<HolderInfo> leases;    // the ones whose records are readable
 };
 
 struct ProcessOnGpu {
@@ -51,6 +66,8 @@ struct GpuStatus {
   std::optional<HolderInfo> holder;
   std::vector<ProcessOnGpu> processes;
   std::string note;  // why excluded, or a warning about the GPU
+  // Held by shared leases: who, and how much memory they reserve.
+  std::optional<SharedUse> shared;
   // A free GPU held back by the queue for a waiting multi-GPU request.
   std::optional<QueueEntry> reserved_for;
   // A leased GPU whose utilisation has read 0 % since `idle_since` without a break, as an

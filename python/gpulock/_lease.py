@@ -125,6 +125,8 @@ class Lease:
         self._saved: Optional[Dict[str, Optional[str]]] = None
         if set_env:
             self._set_environment()
+            if native.memory_bytes:
+                self._limit_torch_memory()
 
     @property
     def active(self) -> bool:
@@ -179,6 +181,23 @@ class Lease:
         self._saved = {name: os.environ.get(name) for name in self._environment}
         os.environ.update(self._environment)
 
+    @property
+    def memory_bytes(self) -> int:
+        """A shared lease: the memory it reserves on each GPU; 0 for whole GPUs."""
+        return int(self._native.memory_bytes)
+
+    def _limit_torch_memory(self) -> None:
+        # Only when the program uses torch already: importing it here would cost seconds.
+        torch = sys.modules.get("torch")
+        fraction = self._environment.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+        if torch is None or fraction is None or not hasattr(torch, "cuda"):
+            return
+        try:
+            for device in range(len(self._native.gpus)):
+                torch.cuda.set_per_process_memory_fraction(float(fraction), device)
+        except Exception as error:  # no CUDA here, an old torch: the limit stays cooperative
+            warnings.warn(f"gpulock: could not limit torch's memory: {error}", stacklevel=4)
+
     def _restore_environment(self) -> None:
         saved, self._saved = self._saved, None
         if saved is None:
@@ -228,6 +247,9 @@ def lease(
     lock_dir: Optional[str] = None,
     on_wait: Optional[Callable[[Dict[str, Any]], None]] = _log_progress,
     host: Union[None, str, Sequence[str]] = None,
+    mem: SizeSpec = None,
+    slots: Optional[int] = None,
+    spread: bool = False,
 ) -> Lease:
     """Leases GPUs for this process, waiting in the machine's fair queue until they are free.
 
@@ -249,6 +271,15 @@ def lease(
     Redis backend (GPULOCK_BACKEND=redis://...): ``host`` names the hosts whose GPUs may serve
     the request (a name, a list, or ``"any"``; default this host). A lease on another host is a
     reservation: ``Lease.host`` names it, and the work must be started there.
+
+    A shared lease: ``mem`` (bytes, or a size such as ``"10G"``) of each GPU instead of whole
+    GPUs, on a GPU shared with other jobs while their reservations fit its memory; ``slots``
+    caps the shared leases per GPU (without ``mem``, each takes 1/``slots`` of it); ``spread``
+    prefers the emptiest GPUs (default: fill partly used ones first). The lease also sets
+    GPULOCK_MEMORY_LIMIT_BYTES, XLA_PYTHON_CLIENT_MEM_FRACTION, XLA_PYTHON_CLIENT_PREALLOCATE
+    and TF_FORCE_GPU_ALLOW_GROWTH, and when torch is imported already, calls
+    ``torch.cuda.set_per_process_memory_fraction`` for each leased GPU. The limit is
+    cooperative: nothing stops a job from using more (see docs/design.md, "Shared leases").
 
     ``on_wait`` is called with a dict (``waited``, ``position``, ``queue_length``,
     ``standing``, ``blocked_by``, ``blocking``) when a wait starts and whenever what blocks it
@@ -278,6 +309,8 @@ def lease(
         raise InvalidRequest(f"label must be a string or None, not {label!r}")
     if visible not in ("index", "uuid"):
         raise InvalidRequest(f"visible must be 'index' or 'uuid', not {visible!r}")
+    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
+        raise InvalidRequest(f"slots must be a positive integer or None, not {slots!r}")
     if among is not None:
         candidates: Optional[str] = ",".join(_gpu_list(among, "among"))
     elif respect_visible_devices:
@@ -300,6 +333,9 @@ def lease(
         enclosing_lease=os.environ.get("GPULOCK_LEASE_ID"),
         hosts=_host_list(host),
         on_progress=on_wait,
+        memory=_size_in_bytes(mem, "mem"),
+        slots=slots,
+        spread=bool(spread),
     )
     try:
         return Lease(native, visible, set_env)

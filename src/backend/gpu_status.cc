@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "backend/device_fitness.h"
 #include "process/process_identity.h"
 #include "util/unix_time.h"
@@ -23,6 +25,7 @@ HolderInfo holder_info(const HolderRecord& r, bool on_this_host) {
   info.label = r.label;
   info.started_at = from_unix_seconds(r.started_at);
   info.gpus = r.gpus;
+  info.memory_bytes = r.memory_bytes;
   return info;
 }
 
@@ -46,6 +49,27 @@ GpuStatus gpu_status_of(Device device, const LockState& p, const Config& config,
   } else if (!p.error.empty()) {
     gpu.state = GpuState::kExcluded;
     gpu.note = p.error;
+  } else if (p.locked && p.shared) {
+    gpu.state = GpuState::kLeased;
+    SharedUse shared;
+    shared.jobs = p.shared_jobs;
+    shared.reserved_bytes = p.shared_reserved_bytes;
+    shared.reserve_bytes = config.shared_memory_reserve_bytes;
+    for (const auto& record : p.shared_records) {
+      HolderInfo info = holder_info(record, holder_here);
+      if (device_here && holder_here)
+        for (const auto& process : device.processes)
+          if (process.used_memory_bytes && covered_by(process.pid, record))
+            info.memory_used_bytes += *process.used_memory_bytes;
+      info.over_reservation = info.memory_used_bytes > record.memory_bytes.value_or(0);
+      shared.leases.push_back(std::move(info));
+    }
+    const auto over = std::count_if(shared.leases.begin(), shared.leases.end(),
+                                    [](const HolderInfo& h) { return h.over_reservation; });
+    if (over > 0)
+      gpu.note = fmt::format("{} shared lease{} using more memory than reserved", over,
+                             over == 1 ? " is" : "s are");
+    gpu.shared = std::move(shared);
   } else if (p.locked) {
     gpu.state = GpuState::kLeased;
     if (p.record) {
@@ -68,13 +92,15 @@ GpuStatus gpu_status_of(Device device, const LockState& p, const Config& config,
       if (const auto uid = process_uid(static_cast<pid_t>(process.pid)))
         shown.user = user_name(*uid);
       shown.foreign = !(p.locked && p.record && holder_here && covered_by(process.pid, *p.record));
+      for (const auto& record : p.shared_records)
+        if (holder_here && covered_by(process.pid, record)) shown.foreign = false;
     } else {
       // Another host's processes cannot be matched to leases from here.
       shown.foreign = !p.locked && p.error.empty();
     }
     gpu.processes.push_back(std::move(shown));
   }
-  if (gpu.state == GpuState::kLeased && gpu.holder &&
+  if (gpu.state == GpuState::kLeased && (gpu.holder || gpu.shared) &&
       std::any_of(gpu.processes.begin(), gpu.processes.end(),
                   [](const ProcessOnGpu& x) { return x.foreign; }))
     gpu.note = "processes outside the lease are using this GPU";

@@ -97,7 +97,9 @@ std::string record_json(const HolderRecord& r, std::size_t command_max, std::siz
     if (i > 0) out += ',';
     append_json_string(out, sanitize_for_display(r.gpus[i], 96));
   }
-  out += "]}";
+  out += ']';
+  if (r.memory_bytes) out += fmt::format(R"(,"memory_bytes":{})", *r.memory_bytes);
+  out += '}';
   return out;
 }
 
@@ -179,6 +181,10 @@ std::optional<HolderRecord> parse_holder_record(std::string_view bytes) {
   for (const auto& g : j["gpus"]) {
     if (!g.is_string() || g.get_ref<const std::string&>().size() > 96) return std::nullopt;
     record.gpus.push_back(sanitize_for_display(g.get<std::string>(), 96));
+  }
+  if (j.contains("memory_bytes")) {
+    if (!j["memory_bytes"].is_number_unsigned()) return std::nullopt;
+    record.memory_bytes = j["memory_bytes"].get<std::uint64_t>();
   }
   return record;
 }

@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -38,6 +39,9 @@ struct HolderRecord {
   std::string label;
   double started_at = 0;          // seconds since the Unix epoch
   std::vector<std::string> gpus;  // UUIDs of every GPU in the lease
+  // A shared lease: the memory it reserves on each of its GPUs (a multiple of the 256 MiB
+  // unit); unset for an exclusive lease.
+  std::optional<std::uint64_t> memory_bytes;
 };
 
 // Fixed size of a record on disk: each write replaces the whole record in one pwrite.

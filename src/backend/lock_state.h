@@ -5,8 +5,10 @@
 // `gpulock status` read only this, so they are the same on both.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backend/holder_record.h"
 
@@ -14,6 +16,12 @@ namespace gpulock {
 
 struct LockState {
   bool locked = false;
+  // Held by shared leases (several jobs by memory) rather than one exclusive lease: then
+  // `record` is unset and these say who holds what.
+  bool shared = false;
+  std::uint64_t shared_reserved_bytes = 0;   // memory reserved by the shared leases
+  unsigned shared_jobs = 0;                  // how many shared leases hold it
+  std::vector<HolderRecord> shared_records;  // with `with_record`: the readable ones
   std::optional<HolderRecord> record;  // only when locked and the record is readable and valid
   std::string error;                   // the GPU's lock is unusable (planted symlink, garbage key)
 };

@@ -36,6 +36,7 @@ struct gpulock_lease {
   std::string cuda_visible_devices;
   std::uint64_t fencing_token = 0;
   std::string host;
+  std::uint64_t memory_bytes = 0;
 };
 
 namespace {
@@ -262,6 +263,26 @@ gpulock_status gpulock_request_set_min_free_memory(gpulock_request* request, uin
   return GPULOCK_OK;
 }
 
+gpulock_status gpulock_request_set_memory(gpulock_request* request, uint64_t bytes) {
+  if (request == nullptr) return null_argument("gpulock_request_set_memory", "request");
+  if (bytes == 0) return fail(GPULOCK_INVALID_ARGUMENT, "a shared lease needs more than 0 bytes");
+  request->request.memory_bytes = bytes;
+  return GPULOCK_OK;
+}
+
+gpulock_status gpulock_request_set_slots(gpulock_request* request, unsigned slots) {
+  if (request == nullptr) return null_argument("gpulock_request_set_slots", "request");
+  if (slots == 0) return fail(GPULOCK_INVALID_ARGUMENT, "slots must be at least 1");
+  request->request.slots = slots;
+  return GPULOCK_OK;
+}
+
+gpulock_status gpulock_request_set_spread(gpulock_request* request, int spread) {
+  if (request == nullptr) return null_argument("gpulock_request_set_spread", "request");
+  request->request.spread = spread != 0;
+  return GPULOCK_OK;
+}
+
 gpulock_status gpulock_request_set_max_utilization(gpulock_request* request, unsigned percent) {
   if (request == nullptr) return null_argument("gpulock_request_set_max_utilization", "request");
   if (percent > 100) return fail(GPULOCK_INVALID_ARGUMENT, "utilisation is at most 100 percent");
@@ -372,6 +393,7 @@ gpulock_status gpulock_acquire(gpulock_pool* pool, const gpulock_request* reques
     held->gpus = held->lease.gpus();
     held->cuda_visible_devices = held->lease.cuda_visible_devices();
     held->fencing_token = held->lease.fencing_token();
+    held->memory_bytes = held->lease.memory_bytes();
     held->host = held->lease.host();
     *lease = held.release();
   });
@@ -379,6 +401,10 @@ gpulock_status gpulock_acquire(gpulock_pool* pool, const gpulock_request* reques
 
 const char* gpulock_lease_id(const gpulock_lease* lease) {
   return lease == nullptr ? nullptr : lease->id.c_str();
+}
+
+uint64_t gpulock_lease_memory_bytes(const gpulock_lease* lease) {
+  return lease == nullptr ? 0 : lease->memory_bytes;
 }
 
 uint64_t gpulock_lease_fencing_token(const gpulock_lease* lease) {

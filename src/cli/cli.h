@@ -26,6 +26,9 @@ struct RequestOptions {
   bool verbose = false;
   std::string backend;
   std::string hosts;
+  std::string mem;  // a shared lease: this much memory of each GPU
+  unsigned slots = 0;
+  bool spread = false;
 
   void add_to(CLI::App& command);
   // Builds the library request, reading CUDA_VISIBLE_DEVICES from the environment.

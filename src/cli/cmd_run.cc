@@ -17,6 +17,12 @@ void add_run_command(CLI::App& app, int* exit_status) {
                    "warn, or kill the command (SIGTERM, then SIGKILL after 10 s)")
       ->check(CLI::IsMember({"warn", "kill"}))
       ->capture_default_str();
+  auto on_over_memory = std::make_shared<std::string>();
+  command
+      ->add_option("--on-over-memory", *on_over_memory,
+                   "Shared leases (--mem): when the command's processes use more GPU memory than "
+                   "reserved: warn, or term (SIGTERM, then SIGKILL after 10 s); default: neither")
+      ->check(CLI::IsMember({"warn", "term"}));
   command->add_option("command", *argv, "The command and its arguments (after --)")->required();
   command->footer(
       "The command gets CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER=PCI_BUS_ID, GPULOCK_LEASE_ID and\n"
@@ -25,12 +31,20 @@ void add_run_command(CLI::App& app, int* exit_status) {
       "lease lasts while any process of the command holds it, even if gpulock itself is killed;\n"
       "on Redis gpulock renews it while the command runs. gpulock exits with the command's\n"
       "status (128+N if signal N killed it).");
-  command->callback([options, argv, on_loss, exit_status] {
+  command->callback([options, argv, on_loss, on_over_memory, exit_status] {
+    if (!on_over_memory->empty() && options->mem.empty() && options->slots == 0)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--on-over-memory watches a shared lease: use it with --mem or --slots");
     GpuPool pool = open_pool(options->backend);
     Lease lease = acquire_for_cli(pool, *options, fmt::format("{}", fmt::join(*argv, " ")));
+    std::function<bool()> check;
+    if (!on_over_memory->empty())
+      check = over_memory_check(
+          pool, lease,
+          *on_over_memory == "term" ? OverMemoryAction::kTerm : OverMemoryAction::kWarn);
     *exit_status =
         run_command(lease, *argv, options->visible_format(),
-                    *on_loss == "kill" ? LeaseLossAction::kKill : LeaseLossAction::kWarn);
+                    *on_loss == "kill" ? LeaseLossAction::kKill : LeaseLossAction::kWarn, check);
   });
 }
 

@@ -77,6 +77,28 @@ std::vector<std::string> lease_lines(const HolderInfo& h,
   return {first, h.command};
 }
 
+// The holder column of a GPU held by shared leases: their memory, then one line per lease.
+std::vector<std::string> shared_lines(const GpuStatus& g,
+                                      std::chrono::system_clock::time_point now) {
+  const SharedUse& s = *g.shared;
+  const std::uint64_t total = g.device.memory_total_bytes.value_or(0);
+  const std::uint64_t kept = s.reserved_bytes + s.reserve_bytes;
+  std::vector<std::string> lines{fmt::format(
+      "shared by {} lease{}: {} reserved, {} unreserved{}", s.jobs, s.jobs == 1 ? "" : "s",
+      format_size(s.reserved_bytes), format_size(total > kept ? total - kept : 0),
+      s.reserve_bytes ? fmt::format(" ({} kept back)", format_size(s.reserve_bytes)) : "")};
+  for (const HolderInfo& h : s.leases) {
+    const auto held = std::chrono::duration_cast<std::chrono::seconds>(now - h.started_at);
+    std::string line = fmt::format("  {} {} {} {}", h.user, h.lease_id,
+                                   format_size(h.memory_bytes.value_or(0)), format_duration(held));
+    if (!h.label.empty()) line += " [" + h.label + "]";
+    if (h.over_reservation) line += fmt::format(" OVER: uses {}", format_size(h.memory_used_bytes));
+    if (!h.command.empty()) line += " " + h.command;
+    lines.push_back(line);
+  }
+  return lines;
+}
+
 void print_table(const PoolStatus& status) {
   const std::size_t columns = terminal_columns();
   auto print_line = [columns](const std::string& line) { fmt::print("{}\n", fit(line, columns)); };
@@ -113,9 +135,10 @@ void print_table(const PoolStatus& status) {
             status.gpus[j].host == first.host)
           group.push_back(j);
     }
-    std::vector<std::string> holder_column = first.holder
-                                                 ? lease_lines(*first.holder, status.taken_at)
-                                                 : std::vector<std::string>{unleased_text(first)};
+    std::vector<std::string> holder_column =
+        first.holder   ? lease_lines(*first.holder, status.taken_at)
+        : first.shared ? shared_lines(first, status.taken_at)
+                       : std::vector<std::string>{unleased_text(first)};
     for (std::size_t k = 0; k < group.size(); ++k) {
       const GpuStatus& g = status.gpus[group[k]];
       shown[group[k]] = true;
@@ -127,7 +150,7 @@ void print_table(const PoolStatus& status) {
     for (std::size_t k = group.size(); k < holder_column.size(); ++k)
       row("", "", "", "", holder_column[k]);
     for (std::size_t k : group)
-      if (status.gpus[k].holder && !status.gpus[k].note.empty())
+      if ((status.gpus[k].holder || status.gpus[k].shared) && !status.gpus[k].note.empty())
         print_line(fmt::format("{:<{}} note: GPU {}: {}", "", name_width, name_of(status.gpus[k]),
                                status.gpus[k].note));
   }

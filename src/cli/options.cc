@@ -39,6 +39,17 @@ void RequestOptions::add_to(CLI::App& command) {
   command
       .add_option("--min-free-mem", min_free_mem, "Only GPUs with this much free memory, e.g. 20G")
       ->check(parsed_by(parse_size, "SIZE"));
+  command
+      .add_option("--mem", mem,
+                  "A shared lease: this much memory of each GPU (e.g. 10G) instead of whole GPUs")
+      ->check(parsed_by(parse_size, "SIZE"));
+  command
+      .add_option("--slots", slots,
+                  "A shared lease on a GPU with at most N shared leases (with this one); "
+                  "without --mem, 1/N of its memory")
+      ->check(CLI::Range(1u, 1024u));
+  command.add_flag("--spread", spread,
+                   "Shared leases: prefer the emptiest GPUs (default: fill partly used ones)");
   command.add_option("--max-util", max_util, "Only GPUs at most this busy, in percent")
       ->check(parsed_by(parse_percent, "PCT"));
   command.add_option("--max-power", max_power, "Only GPUs drawing at most this power, in watts")
@@ -88,6 +99,9 @@ LeaseRequest RequestOptions::to_request() const {
   if (!max_util.empty()) request.max_utilization_percent = parse_percent(max_util);
   if (!max_power.empty()) request.max_power_watts = parse_watts(max_power);
   request.allow_foreign_processes = allow_foreign;
+  if (!mem.empty()) request.memory_bytes = parse_size(mem);
+  if (slots > 0) request.slots = slots;
+  request.spread = spread;
   if (!timeout.empty()) request.timeout = parse_duration(timeout);
   request.wait = !no_wait;
   request.label = label;

@@ -151,11 +151,20 @@ class ConfigReader {
         }
         if (config.journal_file_size < 4096)
           fail_at(node.source(), "'journal_file_size': at least 4K");
+      } else if (key == "max_jobs_per_gpu") {
+        config.max_jobs_per_gpu = read_limit(node, "'max_jobs_per_gpu'", 1);
+      } else if (key == "shared_memory_reserve") {
+        try {
+          config.shared_memory_reserve_bytes =
+              parse_size(read_text(node, "'shared_memory_reserve' (\"2G\")"));
+        } catch (const Error& error) {
+          fail_at(node.source(), fmt::format("'shared_memory_reserve': {}", error.what()));
+        }
       } else {
         unknown_key(key, node, "",
                     {"policy", "exclude_gpus", "limits", "backend", "pool", "lease_ttl",
                      "redis_password_file", "idle_after", "serve_show_commands", "journal_dir",
-                     "journal_file_size"});
+                     "journal_file_size", "max_jobs_per_gpu", "shared_memory_reserve"});
       }
     }
     return config;

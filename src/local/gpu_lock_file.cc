@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "backend/holder_record.h"
@@ -58,21 +59,67 @@ bool is_locked_elsewhere(int fd) {
   return lock.l_type != F_UNLCK;
 }
 
-std::string read_record_bytes(int fd) {
+LockMode held_mode(int fd) {
+  struct flock lock = whole_file(F_WRLCK);
+  lock.l_len = 1;
+  while (::fcntl(fd, F_OFD_GETLK, &lock) != 0) {
+    if (errno == EINTR) continue;
+    throw Error(ErrorCode::kInternal, errno_message("fcntl(F_OFD_GETLK)", errno));
+  }
+  if (lock.l_type == F_UNLCK) return LockMode::kNone;
+  return lock.l_type == F_RDLCK ? LockMode::kShared : LockMode::kExclusive;
+}
+
+std::vector<std::pair<off_t, off_t>> held_ranges(int fd, off_t from, off_t len) {
+  std::vector<std::pair<off_t, off_t>> held;
+  const off_t end = from + len;
+  off_t pos = from;
+  while (pos < end) {
+    struct flock lock = whole_file(F_WRLCK);
+    lock.l_start = pos;
+    lock.l_len = end - pos;
+    while (::fcntl(fd, F_OFD_GETLK, &lock) != 0) {
+      if (errno == EINTR) continue;
+      throw Error(ErrorCode::kInternal, errno_message("fcntl(F_OFD_GETLK)", errno));
+    }
+    if (lock.l_type == F_UNLCK) break;
+    // The kernel reports the first conflicting lock as its holder has it: clip it to our range.
+    const off_t start = std::max(lock.l_start, pos);
+    const off_t stop = lock.l_len == 0 ? end : std::min(end, lock.l_start + lock.l_len);
+    if (stop <= start) break;  // cannot happen; never loop forever on a surprise
+    held.emplace_back(start, stop - start);
+    pos = stop;
+  }
+  return held;
+}
+
+bool try_lock_range(int fd, short type, off_t start, off_t len) {
+  struct flock lock = whole_file(type);
+  lock.l_start = start;
+  lock.l_len = len;
+  while (::fcntl(fd, F_OFD_SETLK, &lock) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EACCES) return false;
+    throw Error(ErrorCode::kInternal, errno_message("fcntl(F_OFD_SETLK)", errno));
+  }
+  return true;
+}
+
+std::string read_record_bytes(int fd, off_t offset) {
   std::string bytes(kHolderRecordSize, '\0');
   ssize_t n;
   do {
-    n = ::pread(fd, bytes.data(), bytes.size(), 0);
+    n = ::pread(fd, bytes.data(), bytes.size(), offset);
   } while (n < 0 && errno == EINTR);
   bytes.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
   return bytes;
 }
 
-std::optional<std::string> write_record_bytes(int fd, const std::string& bytes) {
+std::optional<std::string> write_record_bytes(int fd, const std::string& bytes, off_t offset) {
   std::size_t written = 0;
   while (written < bytes.size()) {
-    const ssize_t n =
-        ::pwrite(fd, bytes.data() + written, bytes.size() - written, static_cast<off_t>(written));
+    const ssize_t n = ::pwrite(fd, bytes.data() + written, bytes.size() - written,
+                               offset + static_cast<off_t>(written));
     if (n < 0) {
       if (errno == EINTR) continue;
       return errno_message("cannot write lease details", errno);

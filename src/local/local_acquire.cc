@@ -96,6 +96,7 @@ std::optional<Lease> LocalBackend::try_lock(const std::vector<const Device*>& ch
 }
 
 Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
+  if (request.memory_bytes || request.slots) return acquire_shared(request, hooks);
   validate_request(request);
   const auto start = Clock::now();
   const Clock::time_point deadline = wait_deadline(request, start);

@@ -16,6 +16,7 @@
 
 #include "gpulock/error.hpp"
 #include "local/gpu_lock_file.h"
+#include "local/shared_leases.h"
 
 namespace gpulock {
 namespace {
@@ -143,6 +144,19 @@ LockState LocalBackend::probe(const std::string& uuid, bool with_record) const {
     UniqueFd fd = dir_.open_lock_file_for_reading(uuid);
     if (!fd) return result;  // no lock file: nobody has ever locked this GPU
     result.locked = is_locked_elsewhere(fd.get());
+    if (result.locked && held_mode(fd.get()) == LockMode::kShared) {
+      // Shared leases: the record at offset 0 is an earlier exclusive lease's, not believed.
+      result.shared = true;
+      const SharedUsage usage = read_shared_usage(fd.get());
+      result.shared_reserved_bytes =
+          static_cast<std::uint64_t>(usage.units_held) * kSharedUnitBytes;
+      result.shared_jobs = static_cast<unsigned>(usage.slots.size());
+      if (with_record)
+        for (const off_t slot : usage.slots)
+          if (auto record = read_shared_record(fd.get(), slot, uuid))
+            result.shared_records.push_back(std::move(*record));
+      return result;
+    }
     if (result.locked && with_record) {
       result.record = parse_holder_record(read_record_bytes(fd.get()));
       // A record left by an earlier lease, or one not naming this GPU, says nothing about now.

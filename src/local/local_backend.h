@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -57,6 +58,15 @@ class LocalBackend final : public LeaseBackend {
   // `uid`: this process's effective uid, the holder's.
   std::optional<Lease> try_lock(const std::vector<const Device*>& chosen,
                                 const LeaseRequest& request, uid_t uid, bool& replaced);
+  // A shared lease (request.memory_bytes or request.slots): byte ranges of the GPUs' lock files
+  // (local_acquire_shared.cc).
+  Lease acquire_shared(const LeaseRequest& request, const WaitHooks& hooks);
+  // Locks a share of each of `count` GPUs (gpu(i): the device and its memory units) and writes
+  // the records; nullopt if one is taken outside gpulock's protocol meanwhile.
+  // REQUIRES: the acquire mutex is held.
+  std::optional<Lease> try_lock_shared(
+      std::size_t count, const std::function<std::pair<const Device*, off_t>(std::size_t)>& gpu,
+      const LeaseRequest& request);
   // A GPU's lock file, read without taking anything; its record only if `with_record`.
   LockState probe(const std::string& uuid, bool with_record) const;
 

@@ -9,9 +9,13 @@
 
 namespace gpulock {
 
-LocalLeaseKeeper::LocalLeaseKeeper(std::vector<UniqueFd> fds, std::vector<nlink_t> links)
-    : fds_(std::move(fds)), links_when_locked_(std::move(links)) {
+LocalLeaseKeeper::LocalLeaseKeeper(std::vector<UniqueFd> fds, std::vector<nlink_t> links,
+                                   std::vector<off_t> record_offsets)
+    : fds_(std::move(fds)),
+      links_when_locked_(std::move(links)),
+      record_offsets_(std::move(record_offsets)) {
   for (const auto& fd : fds_) raw_fds_.push_back(fd.get());
+  record_offsets_.resize(fds_.size(), 0);
 }
 
 const std::string& LocalLeaseKeeper::gpu_host() const {
@@ -32,7 +36,7 @@ void LocalLeaseKeeper::publish_record(const HolderRecord& record) {
     else if (::fstat(fd.get(), &st) != 0)
       continue;
     if (st.st_nlink != 1) continue;
-    if (const auto problem = write_record_bytes(fd.get(), bytes)) {
+    if (const auto problem = write_record_bytes(fd.get(), bytes, record_offsets_[i])) {
       std::fprintf(stderr, "gpulock: warning: lease %s: %s (the lease itself is held)\n",
                    record.lease_id.c_str(), problem->c_str());
       return;

@@ -18,10 +18,12 @@ namespace gpulock {
 
 class LocalLeaseKeeper final : public LeaseKeeper {
  public:
-  // `fds`: the locked descriptors of the lease's GPUs, in the lease's order; `links`: each
+  // `fds`: the locked descriptors of the lease's GPUs, in the lease's order. `links`: each
   // file's hard-link count as seen after it was locked (the first record is written by it,
-  // without another fstat).
-  LocalLeaseKeeper(std::vector<UniqueFd> fds, std::vector<nlink_t> links);
+  // without another fstat); empty: looked up. `record_offsets`: where each file takes the record
+  // (a shared lease's slot); empty for offset 0 everywhere.
+  explicit LocalLeaseKeeper(std::vector<UniqueFd> fds, std::vector<nlink_t> links = {},
+                            std::vector<off_t> record_offsets = {});
 
   // Writes the record into every lock file.
   void publish_record(const HolderRecord& record) override;
@@ -43,6 +45,7 @@ class LocalLeaseKeeper final : public LeaseKeeper {
   std::vector<UniqueFd> fds_;
   std::vector<int> raw_fds_;
   std::vector<nlink_t> links_when_locked_;  // emptied by the first publish_record
+  std::vector<off_t> record_offsets_;
 };
 
 }  // namespace gpulock

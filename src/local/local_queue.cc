@@ -36,6 +36,10 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
     LockState p = probe(d.uuid, with_records);
     gpu.held = p.locked || !p.error.empty();
     if (p.record) gpu.holder_uid = p.record->uid;
+    if (d.memory_total_bytes && *d.memory_total_bytes > 0)
+      for (const auto& record : p.shared_records)
+        gpu.shared_by.emplace_back(
+            record.uid, record.memory_bytes.value_or(0) * kShareScale / *d.memory_total_bytes);
     snapshot.gpus.push_back(std::move(gpu));
     snapshot.locks.push_back(std::move(p));
     snapshot.gpu_names.push_back(d.display_index());

@@ -48,6 +48,15 @@ bool send_signal(int pidfd, pid_t pid, int signal) {
   return ::kill(pid, signal) == 0;
 }
 
+// The record of lease `id` on a GPU: the exclusive holder's, or one of its shared leases'.
+const HolderRecord* record_of(const LockState& p, const std::string& id) {
+  if (!p.locked) return nullptr;
+  if (p.record && p.record->lease_id == id) return &*p.record;
+  for (const auto& record : p.shared_records)
+    if (record.lease_id == id) return &record;
+  return nullptr;
+}
+
 }  // namespace
 
 void LocalBackend::release(const std::string& lease_id) {
@@ -56,16 +65,17 @@ void LocalBackend::release(const std::string& lease_id) {
   std::vector<std::string> uuids;
   for (const Device& device : source_->devices()) {
     const LockState p = probe(device.uuid, true);
-    if (!p.locked || !p.record || p.record->lease_id != lease_id) continue;
+    const HolderRecord* record = record_of(p, lease_id);
+    if (!record) continue;
     // Records are untrusted: someone could plant one naming this lease on a GPU they locked.
     // All records of the lease must agree on who holds it.
-    if (found && (found->holder != p.record->holder || found->uid != p.record->uid ||
-                  found->kind != p.record->kind))
+    if (found && (found->holder != record->holder || found->uid != record->uid ||
+                  found->kind != record->kind))
       throw Error(ErrorCode::kInternal,
                   fmt::format("the records of lease {} disagree about its holder (tampered "
                               "with?); not releasing anything",
                               lease_id));
-    found = p.record;
+    found = *record;
     uuids.push_back(device.uuid);
   }
   if (!found) throw Error(ErrorCode::kNotFound, "no active lease " + lease_id + " on this machine");
@@ -102,7 +112,7 @@ void LocalBackend::release(const std::string& lease_id) {
     bool still_held = false;
     for (const auto& uuid : uuids) {
       const LockState p = probe(uuid, true);
-      if (p.locked && p.record && p.record->lease_id == lease_id) still_held = true;
+      if (record_of(p, lease_id)) still_held = true;
     }
     if (!still_held) return;
     releases.wait(/*wake_fd=*/-1, std::chrono::milliseconds(200));

@@ -11,11 +11,15 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "gpulock/error.hpp"
 #include "gpulock/run.hpp"
@@ -53,6 +57,20 @@ std::vector<std::pair<std::string, std::string>> lease_environment(const Lease& 
       {"CUDA_DEVICE_ORDER", "PCI_BUS_ID"},
       {"GPULOCK_LEASE_ID", lease.id()},
       {"GPULOCK_GPUS", lease.uuid_list()}};
+  if (const std::uint64_t memory = lease.memory_bytes(); memory > 0) {
+    // A shared lease: what frameworks honour to stay within it (cooperative, not a fence).
+    env.emplace_back("GPULOCK_MEMORY_LIMIT_BYTES", std::to_string(memory));
+    double fraction = 1;
+    for (const auto& gpu : lease.gpus())
+      if (gpu.memory_total_bytes > 0)
+        fraction = std::min(
+            fraction, static_cast<double>(memory) / static_cast<double>(gpu.memory_total_bytes));
+    // Rounded down, so that the framework's share never exceeds the reservation.
+    env.emplace_back("XLA_PYTHON_CLIENT_MEM_FRACTION",
+                     fmt::format("{:.3f}", std::floor(fraction * 1000) / 1000));
+    env.emplace_back("XLA_PYTHON_CLIENT_PREALLOCATE", "false");
+    env.emplace_back("TF_FORCE_GPU_ALLOW_GROWTH", "true");
+  }
   if (lease.fencing_token() != 0) {
     env.emplace_back("GPULOCK_FENCING_TOKEN", std::to_string(lease.fencing_token()));
     env.emplace_back("GPULOCK_LEASE_HOST", lease.host());
@@ -61,7 +79,8 @@ std::vector<std::pair<std::string, std::string>> lease_environment(const Lease& 
 }
 
 int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleFormat format,
-                LeaseLossAction on_loss) {
+                LeaseLossAction on_loss, const std::function<bool()>& check,
+                std::chrono::milliseconds check_period) {
   if (argv.empty()) throw Error(ErrorCode::kInvalidArgument, "no command to run");
 
   // Prepare everything the child needs before forking: after fork it only execs.
@@ -122,7 +141,9 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
     ~LossCallbackReset() { lease.on_lost(nullptr); }
   } reset_callback{lease};
   bool killing = false;
+  bool check_stopped = false;
   std::chrono::steady_clock::time_point kill_at;
+  auto next_check = std::chrono::steady_clock::now() + check_period;
   bool loss_seen = false;
 
   int exec_error_pipe[2];
@@ -178,17 +199,30 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
     }
     pollfd waits[2] = {{signals.get(), POLLIN, 0}, {lost_fd->get(), POLLIN, 0}};
     int timeout_ms = -1;
-    if (killing)
-      timeout_ms = static_cast<int>(std::max<long long>(
-          0, std::chrono::duration_cast<std::chrono::milliseconds>(kill_at -
+    const auto until = [](std::chrono::steady_clock::time_point when) {
+      return static_cast<int>(std::max<long long>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(when -
                                                                    std::chrono::steady_clock::now())
                  .count()));
+    };
+    if (killing) timeout_ms = until(kill_at);
+    if (check && !check_stopped)
+      timeout_ms = timeout_ms < 0 ? until(next_check) : std::min(timeout_ms, until(next_check));
     if (::poll(waits, 2, timeout_ms) < 0 && errno != EINTR)
       throw Error(ErrorCode::kInternal, errno_message("poll", errno));
     if (waits[1].revents & POLLIN) {
       std::uint64_t count = 0;
       [[maybe_unused]] const ssize_t got_count = ::read(lost_fd->get(), &count, sizeof count);
       act_on_loss();
+    }
+    if (check && !check_stopped && std::chrono::steady_clock::now() >= next_check) {
+      next_check = std::chrono::steady_clock::now() + check_period;
+      if (check() && !killing) {
+        check_stopped = true;
+        ::kill(child, SIGTERM);
+        killing = true;
+        kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(kLeaseLossGraceSeconds);
+      }
     }
     if (killing && std::chrono::steady_clock::now() >= kill_at) {
       ::kill(child, SIGKILL);

@@ -191,7 +191,8 @@ LeaseRequest make_request(unsigned count, std::vector<std::string> gpus,
                           std::string priority, std::string label, std::string command,
                           std::optional<std::string> visible_devices,
                           std::optional<std::string> enclosing_lease,
-                          std::vector<std::string> hosts) {
+                          std::vector<std::string> hosts, std::optional<std::uint64_t> memory,
+                          std::optional<unsigned> slots, bool spread) {
   // The bounds of count and the health filters are checked by GpuPool::acquire; only what
   // the conversion to C++ types needs is checked here.
   LeaseRequest request;
@@ -201,6 +202,9 @@ LeaseRequest make_request(unsigned count, std::vector<std::string> gpus,
   request.max_utilization_percent = max_utilization;
   request.max_power_watts = max_power;
   request.allow_foreign_processes = allow_foreign;
+  request.memory_bytes = memory;
+  request.slots = slots;
+  request.spread = spread;
   if (timeout) {
     // NaN fails both comparisons; 1e9 s (31 years) keeps the milliseconds far from overflow.
     if (!(*timeout >= 0 && *timeout <= 1e9))
@@ -243,6 +247,7 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<Lease>(m, "Lease")
       .def_property_readonly("id", &Lease::id)
+      .def_property_readonly("memory_bytes", &Lease::memory_bytes)
       .def_property_readonly("active", &Lease::active)
       .def_property_readonly("gpus", &gpus_of)
       .def_property_readonly("fencing_token", &Lease::fencing_token)
@@ -303,12 +308,14 @@ PYBIND11_MODULE(_native, m) {
              std::optional<double> max_power, bool allow_foreign, std::optional<double> timeout,
              bool wait, std::string priority, std::string label, std::string command,
              std::optional<std::string> visible_devices, std::optional<std::string> enclosing_lease,
-             std::vector<std::string> hosts, py::object on_progress) {
+             std::vector<std::string> hosts, py::object on_progress,
+             std::optional<std::uint64_t> memory, std::optional<unsigned> slots, bool spread) {
             LeaseRequest request = translated([&] {
               return make_request(count, std::move(gpus), min_free_memory, max_utilization,
                                   max_power, allow_foreign, timeout, wait, std::move(priority),
                                   std::move(label), std::move(command), std::move(visible_devices),
-                                  std::move(enclosing_lease), std::move(hosts));
+                                  std::move(enclosing_lease), std::move(hosts), memory, slots,
+                                  spread);
             });
             return acquire(pool, std::move(request), on_progress);
           },
@@ -318,7 +325,8 @@ PYBIND11_MODULE(_native, m) {
           py::arg("timeout") = py::none(), py::arg("wait") = true, py::arg("priority") = "normal",
           py::arg("label") = "", py::arg("command") = "", py::arg("visible_devices") = py::none(),
           py::arg("enclosing_lease") = py::none(), py::arg("hosts") = std::vector<std::string>{},
-          py::arg("on_progress") = py::none())
+          py::arg("on_progress") = py::none(), py::arg("memory") = py::none(),
+          py::arg("slots") = py::none(), py::arg("spread") = false)
       .def("status_json",
            [](GpuPool& pool) { return translated([&] { return status_to_json(pool.status()); }); })
       .def("queue_json",

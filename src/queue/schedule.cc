@@ -40,14 +40,20 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   for (std::size_t i = 0; i < requests.size(); ++i) by_user[requests[i].uid].push_back(i);
   std::vector<bool> held_back(requests.size(), false);
   std::vector<OrderKey> keys(requests.size());
-  std::map<uid_t, std::uint64_t> held_by_user;
-  for (const auto& gpu : gpus)
-    if (gpu.held && gpu.holder_uid) ++held_by_user[*gpu.holder_uid];
+  std::map<uid_t, std::uint64_t> held_by_user;   // whole GPUs, for max_gpus
+  std::map<uid_t, std::uint64_t> share_by_user;  // in 1/kShareScale of a GPU, for fair share
+  for (const auto& gpu : gpus) {
+    if (gpu.held && gpu.holder_uid) {
+      ++held_by_user[*gpu.holder_uid];
+      share_by_user[*gpu.holder_uid] += kShareScale;
+    }
+    for (const auto& [uid, part] : gpu.shared_by) share_by_user[uid] += part;
+  }
 
   for (auto& [uid, indices] : by_user) {
     std::sort(indices.begin(), indices.end(),
               [&](std::size_t a, std::size_t b) { return requests[a].seq < requests[b].seq; });
-    std::uint64_t share = held_by_user[uid];
+    std::uint64_t share = share_by_user[uid];
     std::size_t taking_part = 0;
     for (std::size_t i : indices) {
       const PlanRequest& r = requests[i];
@@ -61,7 +67,7 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
       keys[i].share = policy == QueuePolicy::kFairShare ? share : 0;
       keys[i].last_served = policy == QueuePolicy::kFairShare ? r.user_last_served : 0;
       keys[i].seq = r.seq;
-      share += r.needed;
+      share += std::uint64_t{r.needed} * kShareScale;
     }
   }
 

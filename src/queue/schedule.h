@@ -11,10 +11,11 @@
 // back of the queue rather than jump ahead of requests that arrived while they were held back. The
 // rest: normal priority before low; then by policy:
 //   fifo:        by arrival (seq);
-//   fair-share:  by the user's share = GPUs the user holds now + GPUs requested by that user's
-//                earlier waiting requests; ties go to the user served least recently, then by
-//                arrival. So a user with 30 queued requests does not starve a colleague with
-//                one, the one who uses least goes first, and users with equal shares alternate.
+//   fair-share:  by the user's share = GPUs the user holds now (a shared lease weighs its part of
+//                the GPU's memory) + GPUs requested by that user's earlier waiting requests; ties
+//                go to the user served least recently, then by arrival. So a user with 30 queued
+//                requests does not starve a colleague with one, the one who uses least goes first,
+//                and users with equal shares alternate.
 // Walking that order with the set of free GPUs:
 //   - a request over its user's max_gpus (counting GPUs given earlier in this plan) waits and
 //     reserves nothing;
@@ -46,7 +47,14 @@ struct PlannedGpu {
   std::string uuid;
   bool held = false;
   std::optional<uid_t> holder_uid;  // whose lease holds it, when the record says
+  // Shared leases on it (several jobs by memory), by user: the part of the GPU each holds, in
+  // 1/kShareScale of a GPU (its reserved memory over the GPU's). Fair share counts them so.
+  std::vector<std::pair<uid_t, std::uint64_t>> shared_by = {};
 };
+
+// Fair-share shares are counted in 1/kShareScale of a GPU, so that a shared lease of half a
+// GPU's memory weighs half a GPU.
+inline constexpr std::uint64_t kShareScale = 1024;
 
 // One request taking part in the plan.
 struct PlanRequest {

@@ -655,6 +655,39 @@ static void test_unsatisfiable(gpulock_pool* pool) {
   gpulock_lease_free(outer);
 }
 
+/* Shared leases by memory: two of 40 GiB share simulated GPU 3 (80 GiB); a third does not fit,
+ * nor does the whole GPU; releasing one frees its memory. */
+static gpulock_status try_shared(gpulock_pool* pool, uint64_t gib, gpulock_lease** lease) {
+  gpulock_request* request = make_request("3", 1, 0, -1);
+  CHECK_OK(gpulock_request_set_memory(request, gib << 30));
+  const gpulock_status status = gpulock_acquire(pool, request, lease);
+  gpulock_request_free(request);
+  return status;
+}
+
+static void test_shared_leases(gpulock_pool* pool) {
+  gpulock_lease *a = NULL, *b = NULL, *c = NULL, *whole = NULL;
+  gpulock_request* request = gpulock_request_new();
+  CHECK(request != NULL);
+  CHECK_STATUS(gpulock_request_set_memory(request, 0), GPULOCK_INVALID_ARGUMENT);
+  CHECK_STATUS(gpulock_request_set_slots(request, 0), GPULOCK_INVALID_ARGUMENT);
+  CHECK_OK(gpulock_request_set_spread(request, 1));
+  gpulock_request_free(request);
+  CHECK_OK(try_shared(pool, 40, &a));
+  CHECK(gpulock_lease_memory_bytes(a) == (uint64_t)40 << 30);
+  CHECK_OK(try_shared(pool, 40, &b));
+  CHECK_STATUS(try_shared(pool, 1, &c), GPULOCK_TIMED_OUT);
+  CHECK_STATUS(try_acquire(pool, "3", 1, 0, -1, &whole), GPULOCK_TIMED_OUT);
+  gpulock_lease_release(a);
+  CHECK_OK(try_shared(pool, 40, &c));
+  gpulock_lease_free(a);
+  gpulock_lease_free(b);
+  gpulock_lease_free(c);
+  CHECK_OK(try_acquire(pool, "3", 1, 0, -1, &whole));
+  CHECK(gpulock_lease_memory_bytes(whole) == 0);
+  gpulock_lease_free(whole);
+}
+
 static void test_pool_release_errors(gpulock_pool* pool) {
   CHECK_STATUS(gpulock_pool_release(pool, "0123456789abcdef"), GPULOCK_NOT_FOUND);
   CHECK(gpulock_exit_code(GPULOCK_NOT_FOUND) == 69);
@@ -938,6 +971,7 @@ int main(void) {
   test_explicit_gpus(pool);
   test_unsatisfiable(pool);
   test_pool_release_errors(pool);
+  test_shared_leases(pool);
   test_exclusion_across_processes(pool);
   test_timeout_and_interrupt(pool);
   test_queue_and_handoff(pool);

@@ -144,6 +144,20 @@ max_waiting = 1000000
   EXPECT_EQ(config.per_user.at("alice").max_waiting, 1000000u);
 }
 
+TEST(ConfigParseTest, ReadsTheSharedLeaseKeys) {
+  const Config config =
+      parse_config("max_jobs_per_gpu = 8\nshared_memory_reserve = \"2G\"\n", kSource);
+  EXPECT_EQ(config.max_jobs_per_gpu, 8u);
+  EXPECT_EQ(config.shared_memory_reserve_bytes, std::uint64_t{2} << 30);
+  const Config none = parse_config("", kSource);
+  EXPECT_FALSE(none.max_jobs_per_gpu);
+  EXPECT_EQ(none.shared_memory_reserve_bytes, 0u);
+  EXPECT_TRUE(Contains(ConfigError("max_jobs_per_gpu = 0\n"), "test.toml:1:"));
+  EXPECT_TRUE(
+      Contains(ConfigError("shared_memory_reserve = \"lots\"\n"), "'shared_memory_reserve'"));
+  EXPECT_TRUE(Contains(ConfigError("shared_memory_reserve = 5\n"), "'shared_memory_reserve'"));
+}
+
 TEST(ConfigParseTest, EmptyExcludeListIsAccepted) {
   EXPECT_TRUE(parse_config("exclude_gpus = []", kSource).excluded_gpus.empty());
 }
@@ -297,7 +311,7 @@ TEST(ConfigParseTest, UnknownTopLevelKeyIsNamedWithItsLine) {
   EXPECT_EQ(ConfigError("# gpulock\npolcy = \"fifo\"\n"),
             "test.toml:2: unknown key 'polcy' (known: policy, exclude_gpus, limits, backend, pool, "
             "lease_ttl, redis_password_file, idle_after, serve_show_commands, journal_dir, "
-            "journal_file_size)");
+            "journal_file_size, max_jobs_per_gpu, shared_memory_reserve)");
 }
 
 TEST(ConfigParseTest, UnknownTopLevelTableIsNamedWithItsLine) {
@@ -305,11 +319,11 @@ TEST(ConfigParseTest, UnknownTopLevelTableIsNamedWithItsLine) {
   EXPECT_EQ(ConfigError("policy = \"fifo\"\n\n[redis]\nurl = \"redis://localhost\"\n"),
             "test.toml:3: unknown key 'redis' (known: policy, exclude_gpus, limits, backend, pool, "
             "lease_ttl, redis_password_file, idle_after, serve_show_commands, journal_dir, "
-            "journal_file_size)");
+            "journal_file_size, max_jobs_per_gpu, shared_memory_reserve)");
   EXPECT_EQ(ConfigError("[limit]\nmax_gpus_per_user = 1\n"),
             "test.toml:1: unknown key 'limit' (known: policy, exclude_gpus, limits, backend, pool, "
             "lease_ttl, redis_password_file, idle_after, serve_show_commands, journal_dir, "
-            "journal_file_size)");
+            "journal_file_size, max_jobs_per_gpu, shared_memory_reserve)");
 }
 
 TEST(ConfigParseTest, UnknownKeyInLimits) {
@@ -541,10 +555,12 @@ TEST_F(ConfigLoadTest, EmptyFileGivesDefaults) {
 TEST_F(ConfigLoadTest, InvalidFileIsReportedWithItsPathAndLine) {
   const fs::path path = Write("config.toml", "policy = \"fifo\"\nmax_gpus_per_user = 4\n");
   UseConfig(path);
-  EXPECT_EQ(LoadError(), path.string() +
-                             ":2: unknown key 'max_gpus_per_user' (known: policy, exclude_gpus, "
-                             "limits, backend, pool, lease_ttl, redis_password_file, idle_after, "
-                             "serve_show_commands, journal_dir, journal_file_size)");
+  EXPECT_EQ(LoadError(),
+            path.string() +
+                ":2: unknown key 'max_gpus_per_user' (known: policy, exclude_gpus, "
+                "limits, backend, pool, lease_ttl, redis_password_file, idle_after, "
+                "serve_show_commands, journal_dir, journal_file_size, max_jobs_per_gpu, "
+                "shared_memory_reserve)");
 }
 
 TEST_F(ConfigLoadTest, MissingFileNamedByGpulockConfigIsAnError) {

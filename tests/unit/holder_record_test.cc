@@ -88,6 +88,20 @@ TEST(HolderRecordTest, RoundTripKeepsEveryField) {
   EXPECT_EQ(out->gpus, in.gpus);
 }
 
+TEST(HolderRecordTest, SharedLeaseMemoryRoundTripsAndIsOptional) {
+  HolderRecord in = SampleRecord();
+  EXPECT_FALSE(parse_holder_record(serialize_holder_record(in))->memory_bytes);
+  in.memory_bytes = std::uint64_t{10} << 30;
+  const auto out = parse_holder_record(serialize_holder_record(in));
+  ASSERT_TRUE(out.has_value());
+  EXPECT_EQ(out->memory_bytes, in.memory_bytes);
+  // A record any user can write: a negative or non-integer size is refused.
+  std::string text = holder_record_json(in);
+  const std::string key = "\"memory_bytes\":";
+  text.replace(text.find(key) + key.size(), std::to_string(*in.memory_bytes).size(), "-1");
+  EXPECT_FALSE(parse_holder_record(text));
+}
+
 TEST(HolderRecordTest, RoundTripEveryKind) {
   for (HolderKind kind : {HolderKind::kProcess, HolderKind::kRun, HolderKind::kDetached}) {
     HolderRecord in = SampleRecord();

@@ -290,6 +290,27 @@ TEST(PlanOrder, FairShareCountsHeldGpusOfTheUserOnly) {
   EXPECT_THAT(OrderOf(plan), ElementsAre(2, 1, 0));
 }
 
+TEST(PlanOrder, FairShareWeighsSharedLeasesByTheirMemory) {
+  // A holds half of GPU 0 by memory (share 0.5), B holds GPU 1 (share 1): A goes first, though
+  // B arrived first.
+  PlannedGpu shared = Held(0);
+  shared.shared_by = {{1, kShareScale / 2}};
+  const std::vector<PlanRequest> requests = {Any(1, 2, 1, Uuids({2})), Any(2, 1, 1, Uuids({2}))};
+  EXPECT_THAT(OrderOf(RunPlan(QueuePolicy::kFairShare, {shared, Held(1, 2), Held(2)}, requests)),
+              ElementsAre(1, 0));
+  // Three quarters of two GPUs (1.5) weigh more than B's one GPU: B first.
+  PlannedGpu other = Held(3);
+  other.shared_by = {{1, kShareScale / 4}, {1, kShareScale / 2}, {2, kShareScale / 4}};
+  // B: 1 + 0.25 = 1.25; A: 0.5 + 0.75 = 1.25: a tie, by arrival (B's request first).
+  EXPECT_THAT(
+      OrderOf(RunPlan(QueuePolicy::kFairShare, {shared, Held(1, 2), Held(2), other}, requests)),
+      ElementsAre(0, 1));
+  other.shared_by = {{1, kShareScale / 2}, {1, kShareScale / 2}};
+  EXPECT_THAT(
+      OrderOf(RunPlan(QueuePolicy::kFairShare, {shared, Held(1, 2), Held(2), other}, requests)),
+      ElementsAre(0, 1));
+}
+
 TEST(PlanOrder, FairShareGpuWithUnknownHolderCountsForNobodyNotEvenRoot) {
   // Root (uid 0) arrived first; a GPU held by an unknown holder must not count as root's.
   const std::vector<PlannedGpu> gpus = {Held(0), Held(1)};
@@ -1237,8 +1258,8 @@ TEST(PlanOnDemand, ARequestOverItsUsersGpuLimitIsNotRead) {
   // One user at max_gpus with a long queue and a free GPU: nothing of the queue need be read.
   PendingQueue queue;
   for (int i = 0; i < 50; ++i)
-    queue.Add(WithLimits(Any(static_cast<std::uint64_t>(i) + 1, 1000, 1, UuidRange(2)), 1,
-                         std::nullopt));
+    queue.Add(
+        WithLimits(Any(static_cast<std::uint64_t>(i) + 1, 1000, 1, UuidRange(2)), 1, std::nullopt));
   const Plan plan = queue.Run({Held(0, 1000), Free(1)});
   EXPECT_THAT(queue.loaded, IsEmpty());
   EXPECT_EQ(plan.of(0).standing, QueueStanding::kOverGpuLimit);

@@ -45,6 +45,10 @@ class _Cuda:
         self._initialized = True
         return self._current
 
+    def set_per_process_memory_fraction(self, fraction, device=None):
+        self._initialized = True
+        self._record("set_per_process_memory_fraction", float(fraction), int(device or 0))
+
     def set_device(self, device):
         if not 0 <= int(device) < self._count:
             raise RuntimeError("CUDA error: invalid device ordinal %s" % device)

@@ -1,0 +1,307 @@
+"""Shared GPU leases by memory (issue 15): exclusion against an independent audit, SIGKILL,
+no starvation of whole-GPU requests. Real processes, real locks, simulated 80 GiB GPUs."""
+
+import json
+import os
+import random
+import re
+import signal
+import time
+
+from conftest import EX_TEMPFAIL, HANG, PYTHON, sim_uuid, wait_until
+
+GIB = 1 << 30
+GPU_MEMORY = 80 * GIB
+
+# The audited job. Inside its lease it enters a ledger kept by the audit itself (a JSON file per
+# GPU, updated under the audit's own flock, which gpulock knows nothing of): on entry it adds its
+# reservation (or marks the GPU exclusive) and checks that the GPU's reservations fit its memory
+# and that no shared job meets an exclusive one; on exit it removes itself. Entry and exit lie
+# inside the lease, so any overlap the ledger sees is a real one.
+AUDIT_JOB = r"""
+import fcntl, json, os, random, sys, time
+audit, name, size = sys.argv[1], sys.argv[2], int(sys.argv[3])  # size 0: exclusive
+limit = int(sys.argv[4])
+uuids = os.environ["GPULOCK_GPUS"].split(",")
+def update(change):
+    with open(os.path.join(audit, "ledger.lock"), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        problems = []
+        for uuid in uuids:
+            path = os.path.join(audit, uuid + ".json")
+            ledger = json.load(open(path)) if os.path.exists(path) else {}
+            problems += change(uuid, ledger)
+            with open(path + ".tmp", "w") as f:
+                json.dump(ledger, f)
+            os.replace(path + ".tmp", path)
+        return problems
+def enter(uuid, ledger):
+    problems = []
+    if size == 0 and ledger:
+        problems.append("exclusive %s met %s on %s" % (name, sorted(ledger), uuid))
+    if size > 0 and any(v == 0 for v in ledger.values()):
+        problems.append("shared %s met an exclusive job on %s: %s" % (name, uuid, ledger))
+    ledger[name] = size
+    total = sum(v for v in ledger.values() if v > 0)
+    if total > limit:
+        problems.append("%d bytes reserved on %s: %s" % (total, uuid, ledger))
+    return problems
+def leave(uuid, ledger):
+    ledger.pop(name, None)
+    return []
+problems = update(enter)
+time.sleep(random.uniform(0.01, 0.08))
+update(leave)
+if problems:
+    with open(os.path.join(audit, "violations", name), "w") as f:
+        f.write("\n".join(problems))
+    sys.exit(99)
+"""
+
+
+def audit_dir(gl):
+    audit = gl.tmp / "audit"
+    (audit / "violations").mkdir(parents=True)
+    return audit
+
+
+def test_mixed_exclusive_and_shared_never_overcommit(gl):
+    """64 processes, exclusive and shared of random sizes, on 4 simulated 80 GiB GPUs."""
+    audit = audit_dir(gl)
+    holder, _ = gl.hold("-n", "4")  # so that all of them really contend
+    rng = random.Random(15)
+    procs = {}
+    for i in range(64):
+        name = "job-%02d" % i
+        if rng.random() < 0.25:
+            args, size = ["-n", str(rng.choice([1, 1, 2]))], 0
+        else:
+            gib = rng.choice([5, 10, 10, 20, 30, 40])
+            args, size = ["--mem", "%dG" % gib], gib * GIB
+        procs[name] = gl.spawn("run", *args, "--", PYTHON, "-S", "-c", AUDIT_JOB, audit, name,
+                               size, GPU_MEMORY)
+    for bg in procs.values():
+        bg.wait_for_stderr("waiting", timeout=HANG)
+    holder.kill_group()
+    holder.wait()
+    failures = []
+    for name, bg in procs.items():
+        status = bg.wait(timeout=240)
+        if status != 0:
+            failures.append("%s exited %s: %s" % (name, status, bg.stderr()))
+    violations = {v: (audit / "violations" / v).read_text()
+                  for v in os.listdir(audit / "violations")}
+    assert violations == {}
+    assert failures == []
+
+
+def test_sigkill_of_a_shared_holder_frees_exactly_its_memory(gl):
+    env = gl.env(fake="1")
+    a, _ = gl.hold("--mem", "40G", env=env)
+    b, _ = gl.hold("--mem", "30G", env=env)
+    # 10 GiB are left: 20G does not fit now.
+    late = gl.run("run", "--mem", "20G", "--no-wait", "--", "true", env=env)
+    assert late.returncode == EX_TEMPFAIL, late.stderr
+    a.kill_group(signal.SIGKILL)
+    a.wait()
+    # A's 40 GiB are free at once (no clean-up needed); B's 30 GiB are still held, so 60G never
+    # fits while B lives.
+    wait_until(lambda: gl.run("run", "--mem", "50G", "--no-wait", "--", "true",
+                              env=env).returncode == 0, what="A's memory to be free")
+    over = gl.run("run", "--mem", "60G", "--no-wait", "--", "true", env=env)
+    assert over.returncode == EX_TEMPFAIL, over.stderr
+    excl = gl.run("run", "--no-wait", "--", "true", env=env)
+    assert excl.returncode == EX_TEMPFAIL, excl.stderr
+    assert b.alive()
+    b.kill_group(signal.SIGKILL)
+    b.wait()
+    wait_until(lambda: gl.run("run", "--no-wait", "--", "true", env=env).returncode == 0,
+               what="the whole GPU to be free")
+
+
+def test_exclusive_request_is_not_starved_by_a_stream_of_shared_jobs(gl):
+    env = gl.env(fake="1")
+    audit = audit_dir(gl)
+    stream = []
+
+    def top_up():
+        # Keep four small jobs running or waiting at all times.
+        live = [p for p in stream if p.alive()]
+        for _ in range(4 - len(live)):
+            stream.append(gl.spawn("run", "--mem", "10G", "--", "sleep", "0.3", env=env))
+    top_up()
+    wait_until(lambda: any(s["state"] == "leased" for s in gl.status(env=env)["gpus"]))
+    whole = gl.spawn("run", "--", PYTHON, "-S", "-c", AUDIT_JOB, audit, "whole", 0, GPU_MEMORY,
+                     env=env)
+    deadline = time.monotonic() + HANG
+    while whole.alive() and time.monotonic() < deadline:
+        top_up()
+        time.sleep(0.05)
+    assert not whole.alive(), "the exclusive request was starved: " + whole.describe()
+    assert whole.wait() == 0, whole.describe()
+    assert os.listdir(audit / "violations") == []
+
+
+def test_shared_lease_environment(gl):
+    env = gl.env(fake="1")
+    out = gl.tmp / "env.json"
+    script = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
+    result = gl.run("run", "--mem", "10G", "--", PYTHON, "-S", "-c", script, out, env=env)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(out.read_text())
+    assert seen["GPULOCK_MEMORY_LIMIT_BYTES"] == str(10 * GIB)
+    assert seen["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.125"
+    assert seen["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert seen["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert seen["CUDA_VISIBLE_DEVICES"] == "0"
+    assert seen["GPULOCK_GPUS"] == sim_uuid(0)
+
+
+def test_bad_shared_requests_get_clear_errors(gl):
+    env = gl.env(fake="1")
+    too_big = gl.run("run", "--mem", "81G", "--", "true", env=env)
+    assert too_big.returncode == 69 and "80.0 GiB" in too_big.stderr, too_big.stderr
+    bad = gl.run("run", "--mem", "lots", "--", "true", env=env)
+    assert bad.returncode == 64, bad.stderr
+
+
+def over_memory_setup(gl, tmp_name):
+    """A simulated 80 GiB GPU read from a file, and a command under a 10 GiB shared lease that
+    writes its pid and waits; returns (env, pid file)."""
+    fake = gl.write_fake_gpus([{"memory_total": "80G"}])
+    env = gl.env(fake=fake)
+    pid_file = gl.tmp / tmp_name
+    return env, pid_file
+
+
+def start_job(gl, env, pid_file, *extra):
+    script = 'echo $$ > "$1.tmp" && mv "$1.tmp" "$1"; exec sleep 1000'
+    # `exec` keeps the pid: the process the simulated readings name is the command itself.
+    bg = gl.spawn("run", "--mem", "10G", *extra, "--", "sh", "-c", script, "job", pid_file,
+                  env=env)
+    wait_until(lambda: pid_file.exists() or not bg.alive(), what="the job to start")
+    assert bg.alive(), bg.describe()
+    return bg, int(pid_file.read_text())
+
+
+def test_over_reservation_is_reported_in_status(gl):
+    env, pid_file = over_memory_setup(gl, "job.pid")
+    bg, pid = start_job(gl, env, pid_file, "--on-over-memory", "warn")
+    shared = gl.gpu_status(0, env=env)["shared"]
+    assert shared["jobs"] == 1 and shared["reserved_bytes"] == 10 * GIB
+    [lease] = shared["leases"]
+    assert lease["memory_bytes"] == 10 * GIB and lease["over_reservation"] is False
+    # The driver (simulated) now reports the job using 12 GiB: over its 10 GiB.
+    gl.write_fake_gpus([{"memory_total": "80G",
+                         "processes": [{"pid": pid, "used_memory": "12G"}]}])
+    gpu = gl.gpu_status(0, env=env)
+    [lease] = gpu["shared"]["leases"]
+    assert lease["over_reservation"] is True and lease["memory_used_bytes"] == 12 * GIB
+    assert [p["foreign"] for p in gpu["processes"]] == [False]
+    text = gl.run("status", env=env).stdout
+    assert "OVER" in text, text
+    bg.wait_for_stderr("more than the 10.0 GiB it reserved", timeout=HANG)
+    assert bg.alive()  # warn only
+
+
+def test_over_reservation_terminates_with_term(gl):
+    env, pid_file = over_memory_setup(gl, "job.pid")
+    bg, pid = start_job(gl, env, pid_file, "--on-over-memory", "term")
+    gl.write_fake_gpus([{"memory_total": "80G",
+                         "processes": [{"pid": pid, "used_memory": "11G"}]}])
+    assert bg.wait(timeout=HANG) == 128 + signal.SIGTERM, bg.describe()
+    assert "stopping the command" in bg.stderr()
+
+
+def test_memory_used_outside_gpulock_counts(gl):
+    sleeper = gl.sleeper()
+    fake = gl.write_fake_gpus([{"memory_total": "80G",
+                                "processes": [{"pid": sleeper.pid, "used_memory": "50G"}]}])
+    env = gl.env(fake=fake)
+    # 80 GiB less the sleeper's 50 GiB leaves 30 GiB.
+    assert gl.run("run", "--mem", "31G", "--no-wait", "--", "true",
+                  env=env).returncode == EX_TEMPFAIL
+    assert gl.run("run", "--mem", "30G", "--no-wait", "--", "true", env=env).returncode == 0
+
+
+def test_a_killed_whole_gpu_waiter_does_not_hold_shared_requests_back(gl):
+    env = gl.env(fake="2")
+    holder, _ = gl.hold("--gpus", "0", env=env)
+    waiter = gl.spawn("run", "--gpus", "0", "--", "true", env=env)
+    waiter.wait_for_stderr("waiting", timeout=HANG)
+    # While it waits, shared requests wait behind it, even for the other GPU.
+    blocked = gl.run("run", "--mem", "10G", "--no-wait", "--", "true", env=env)
+    assert blocked.returncode == EX_TEMPFAIL, blocked.stderr
+    waiter.kill_group(signal.SIGKILL)
+    waiter.wait()
+    # Its slot in the queue's index stays until someone finds it dead: a shared request does.
+    result = gl.run("run", "--mem", "10G", "--timeout", "%ds" % HANG, "--", "true", env=env)
+    assert result.returncode == 0, result.stderr
+    assert holder.alive()
+
+
+def gpu_of(gl, env, *args):
+    """The GPU index a `gpulock run ARGS -- ...` held in the background got."""
+    bg, _ = gl.hold(*args, env=env)
+    return bg, sim_index(bg.gpus[0])
+
+
+def sim_index(uuid):
+    return int(uuid.rsplit("-", 1)[1], 16)
+
+
+def test_placement_packs_by_default_and_spreads_on_request(gl):
+    env = gl.env(fake="4")
+    held = [gpu_of(gl, env, "--mem", "10G") for _ in range(3)]
+    assert [index for _, index in held] == [0, 0, 0]  # partly used GPUs fill up first
+    spread = [gpu_of(gl, env, "--mem", "10G", "--spread") for _ in range(3)]
+    assert sorted(index for _, index in spread) == [1, 2, 3]  # the emptiest first
+
+
+def test_slots_cap_the_jobs_on_a_gpu(gl):
+    env = gl.env(fake="1")
+    for _ in range(2):
+        gl.hold("--mem", "1G", "--slots", "2", env=env)
+    third = gl.run("run", "--mem", "1G", "--slots", "2", "--no-wait", "--", "true", env=env)
+    assert third.returncode == EX_TEMPFAIL, third.stderr
+    # Without a cap of its own a request still fits (the cap is the request's, or the config's).
+    assert gl.run("run", "--mem", "1G", "--no-wait", "--", "true", env=env).returncode == 0
+    # Without --mem, a request takes 1/slots of the GPU.
+    fresh = gl.env(fake="1", lock_dir=gl.tmp / "other-locks")
+    quarter, _ = gl.hold("--slots", "4", env=fresh)
+    assert gl.gpu_status(0, env=fresh)["shared"]["reserved_bytes"] == 20 * GIB
+
+
+def test_config_caps_jobs_and_keeps_a_reserve(gl):
+    config = gl.tmp / "config.toml"
+    config.write_text('max_jobs_per_gpu = 2\nshared_memory_reserve = "20G"\n')
+    env = gl.env(fake="1", GPULOCK_CONFIG=config)
+    too_big = gl.run("run", "--mem", "61G", "--", "true", env=env)
+    assert too_big.returncode == 69, too_big.stderr  # 80 GiB less the 20 GiB reserve
+    gl.hold("--mem", "30G", env=env)
+    assert gl.run("run", "--mem", "31G", "--no-wait", "--", "true",
+                  env=env).returncode == EX_TEMPFAIL
+    gl.hold("--mem", "30G", env=env)
+    assert gl.run("run", "--mem", "1G", "--no-wait", "--", "true",
+                  env=env).returncode == EX_TEMPFAIL  # two jobs already
+    doc = gl.gpu_status(0, env=env)["shared"]
+    assert doc["jobs"] == 2 and doc["admin_reserve_bytes"] == 20 * GIB
+    assert doc["unreserved_bytes"] == 0
+
+
+def test_detached_shared_lease_is_shown_and_released(gl):
+    env = gl.env(fake="1")
+    watched = gl.sleeper()
+    result = gl.run("acquire", "--mem", "10G", "--label", "notebook", "--for-pid", watched.pid,
+                    env=env)
+    assert result.returncode == 0, result.stderr
+    exports = dict(re.findall(r"^export ([A-Z_]+)='([^']*)'$", result.stdout, re.M))
+    lease = exports["GPULOCK_LEASE_ID"]
+    [shown] = gl.gpu_status(0, env=env)["shared"]["leases"]
+    assert shown["lease_id"] == lease and shown["kind"] == "detached"
+    assert shown["label"] == "notebook" and shown["memory_bytes"] == 10 * GIB
+    text = gl.run("status", env=env).stdout
+    assert "shared by 1 lease: 10.0 GiB reserved, 70.0 GiB unreserved" in text, text
+    assert gl.run("release", lease, env=env).returncode == 0
+    assert gl.gpu_status(0, env=env)["shared"] is None
+    assert watched.alive()
