@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "serve/dashboard_server.h"
+#include "serve/usage_documents.h"
 
 namespace gpulock::cli {
 namespace {
@@ -43,8 +44,11 @@ void add_serve_command(CLI::App& app, int* exit_status) {
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
     GpuPool pool = open_pool(*backend);
     options.show_commands = pool.config().serve_show_commands;
-    // /api/usage: options.usage takes a function (since, by) -> the usage JSON document; left
-    // unset, the endpoint answers 503 "usage journal not available".
+    // /api/usage, from the usage journal, read through a pool of its own.
+    auto usage = std::make_shared<serve::UsageDocuments>([backend] { return open_pool(*backend); });
+    options.usage = [usage](const std::string& since, const std::string& by) {
+      return usage->document(since, by);
+    };
     options.on_listening = [&options](int port) {
       const bool v6 = options.host.find(':') != std::string::npos;
       fmt::print(stderr, "gpulock serve: listening on http://{}{}{}:{}/\n", v6 ? "[" : "",

@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import shutil
+import time
 
 import pytest
 
@@ -79,7 +80,7 @@ def test_dashboard_shows_a_lease_start_and_end_without_reloading(gl, browser):
     shown = wait_until(lambda: (lambda s: s if s and s["state"] == "free" else None)(
         page_state(browser)), timeout=HANG, what="the dashboard to show GPU 0 free")
     assert shown["freshness"].startswith("updated")
-    assert "usage journal not available" in shown["usage"]
+    assert "usage journal not available" not in shown["usage"]
     browser.evaluate("window.testMarker = 'loaded-once'")
     before = shown["updates"]
 
@@ -123,9 +124,24 @@ def test_dashboard_lists_idle_gpus_and_intruders(gl, browser):
     browser.screenshot(str(gl.tmp / "dashboard-alerts.png"))
 
 
+def test_usage_chart_shows_the_journals_gpu_hours(gl, browser):
+    """A lease that ran before the page was opened is in the chart, from the usage journal."""
+    env = gl.env(fake="1")
+    result = gl.run("run", "-n", "1", "--", "sleep", "0.2", env=env)
+    assert result.returncode == 0, result.stderr
+    server = start_serve(gl, env=env)
+    browser.call("Page.navigate", url="http://127.0.0.1:%d/" % server.port)
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    titles_js = ("Array.from(document.querySelectorAll('#usage svg rect title'))"
+                 ".map(t => t.textContent)")
+    titles = wait_until(lambda: browser.evaluate(titles_js), timeout=HANG,
+                        what="the usage chart drawn from the journal")
+    assert [t.split(":")[0] for t in titles] == ["%s, %s" % (ME, today)], titles
+
+
 def test_usage_chart_draws_gpu_hours_per_user_per_day(gl, browser):
-    # Until a usage journal is plugged into `gpulock serve`, the chart is fed directly: the
-    # page's own drawing function with a document in the documented shape.
+    # The page's own drawing function with a document in the documented shape: several users
+    # and days, which one machine's journal in a test does not have.
     server = start_serve(gl, env=gl.env(fake="1"))
     browser.call("Page.navigate", url="http://127.0.0.1:%d/" % server.port)
     wait_until(lambda: browser.evaluate("typeof renderUsage") == "function", timeout=HANG,

@@ -88,9 +88,24 @@ def test_every_endpoint_answers_with_the_clis_documents(gl):
               if s.labels["state"] == "leased" and s.value == 1]
     assert [s.labels["gpu"] for s in leased] == ["1"]
 
+    # The usage journal: the dashboard's chart (GPU-hours per user per UTC day) counts the
+    # lease held above until now; a grouping of `gpulock usage` gives that command's document.
     status, headers, body = get(server.port, "/api/usage")
-    assert status == 503
-    assert json.loads(body) == {"error": "usage journal not available"}
+    assert status == 200 and headers["content-type"] == "application/json"
+    chart = json.loads(body)
+    assert chart["by"] == "user,day" and chart["available"] is True
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    mine = [r for r in chart["rows"] if r["day"] == today]
+    assert len(mine) == 1 and mine[0]["gpu_hours"] > 0, chart
+    status, _, body = get(server.port, "/api/usage?since=7d&by=label")
+    assert status == 200
+    served = json.loads(body)
+    cli = json.loads(gl.run("usage", "--since", "7d", "--by", "label", "--json", env=env).stdout)
+    assert [g["key"] for g in served["groups"]] == [g["key"] for g in cli["groups"]] == ["served"]
+    for bad in ("/api/usage?by=nonsense", "/api/usage?since=yesterday-ish",
+                "/api/usage?since=%00"):
+        status, _, body = get(server.port, bad)
+        assert status == 400 and "error" in json.loads(body), bad
 
     status, headers, body = get(server.port, "/")
     assert status == 200 and headers["content-type"].startswith("text/html")
