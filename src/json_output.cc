@@ -38,6 +38,21 @@ json device_json(const Device& d) {
           {"processes", processes}};
 }
 
+// What a lease's holder record says, as both exclusive holders and shared leases show it.
+json lease_json(const HolderInfo& h) {
+  return {{"lease_id", h.lease_id},
+          {"user", h.user},
+          {"uid", h.uid},
+          {"kind", h.kind},
+          {"pid", h.pid},
+          {"pid_alive", h.holder_alive},
+          {"member_pids", h.member_pids},
+          {"command", h.command},
+          {"label", h.label},
+          {"started_at", unix_seconds(h.started_at)},
+          {"gpus", h.gpus}};
+}
+
 json queue_entry_json(const QueueEntry& e) {
   return {{"position", e.position},
           {"ticket_id", e.ticket_id},
@@ -87,39 +102,22 @@ std::string status_to_json(const PoolStatus& status) {
     if (g.holder) {
       const HolderInfo& h = *g.holder;
       entry["lease_id"] = h.lease_id;
-      entry["holder"] = {{"lease_id", h.lease_id},
-                         {"user", h.user},
-                         {"uid", h.uid},
-                         {"host", h.host},
-                         {"kind", h.kind},
-                         {"pid", h.pid},
-                         {"pid_alive", h.holder_alive},
-                         {"member_pids", h.member_pids},
-                         {"command", h.command},
-                         {"label", h.label},
-                         {"started_at", unix_seconds(h.started_at)},
-                         {"held_seconds", std::max(0.0, now - unix_seconds(h.started_at))},
-                         {"gpus", h.gpus}};
-      if (h.memory_bytes) entry["holder"]["memory_bytes"] = *h.memory_bytes;
+      json holder = lease_json(h);
+      holder["host"] = h.host;
+      holder["held_seconds"] = std::max(0.0, now - unix_seconds(h.started_at));
+      if (h.memory_bytes) holder["memory_bytes"] = *h.memory_bytes;
+      entry["holder"] = std::move(holder);
     }
     entry["shared"] = nullptr;
     if (g.shared) {
       json leases = json::array();
-      for (const HolderInfo& h : g.shared->leases)
-        leases.push_back({{"lease_id", h.lease_id},
-                          {"user", h.user},
-                          {"uid", h.uid},
-                          {"kind", h.kind},
-                          {"pid", h.pid},
-                          {"pid_alive", h.holder_alive},
-                          {"member_pids", h.member_pids},
-                          {"command", h.command},
-                          {"label", h.label},
-                          {"started_at", unix_seconds(h.started_at)},
-                          {"memory_bytes", h.memory_bytes.value_or(0)},
-                          {"memory_used_bytes", h.memory_used_bytes},
-                          {"over_reservation", h.over_reservation},
-                          {"gpus", h.gpus}});
+      for (const HolderInfo& h : g.shared->leases) {
+        json lease = lease_json(h);
+        lease["memory_bytes"] = h.memory_bytes.value_or(0);
+        lease["memory_used_bytes"] = h.memory_used_bytes;
+        lease["over_reservation"] = h.over_reservation;
+        leases.push_back(std::move(lease));
+      }
       const std::uint64_t total = g.device.memory_total_bytes.value_or(0);
       const std::uint64_t kept = g.shared->reserved_bytes + g.shared->reserve_bytes;
       entry["shared"] = {{"jobs", g.shared->jobs},

@@ -18,6 +18,7 @@
 
 #include "gpulock/error.hpp"
 #include "journal/journal_line.h"
+#include "util/fd.h"
 #include "util/random_id.h"
 
 namespace gpulock {
@@ -57,17 +58,7 @@ std::optional<std::string> read_whole(int dir_fd, const std::string& name, std::
     return std::nullopt;
   }
   owner = st.st_uid;
-  std::string bytes;
-  bytes.resize(static_cast<std::size_t>(st.st_size));
-  std::size_t got = 0;
-  while (got < bytes.size()) {
-    const ssize_t n = ::read(fd.get(), bytes.data() + got, bytes.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  bytes.resize(got);
-  return bytes;
+  return read_prefix(fd.get(), static_cast<std::size_t>(st.st_size));
 }
 
 }  // namespace

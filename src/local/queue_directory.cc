@@ -17,6 +17,7 @@
 #include "gpulock/error.hpp"
 #include "local/fork_guard.h"
 #include "local/gpu_lock_file.h"
+#include "util/fd.h"
 #include "util/random_id.h"
 
 namespace gpulock {
@@ -53,16 +54,7 @@ UniqueFd above_stdio(UniqueFd fd) {
 std::string read_bounded(int fd, off_t size_hint) {
   const std::size_t wanted = std::min<std::size_t>(
       static_cast<std::size_t>(std::max<off_t>(size_hint, 0)) + 1, kMaxTicketSize + 1);
-  std::string bytes(wanted, '\0');
-  std::size_t got = 0;
-  while (got < bytes.size()) {
-    const ssize_t n = ::pread(fd, bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  bytes.resize(got);
-  return bytes;
+  return read_prefix(fd, wanted);
 }
 
 }  // namespace

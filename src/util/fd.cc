@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 namespace gpulock {
@@ -14,6 +15,19 @@ void UniqueFd::reset(int fd) {
 
 std::string errno_message(const std::string& what, int errno_value) {
   return what + ": " + std::strerror(errno_value);
+}
+
+std::string read_prefix(int fd, std::size_t limit) {
+  std::string bytes(limit, '\0');
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t n = ::pread(fd, bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  bytes.resize(got);
+  return bytes;
 }
 
 }  // namespace gpulock

@@ -32,4 +32,7 @@ class UniqueFd {
 // "what: strerror(errno_value)".
 std::string errno_message(const std::string& what, int errno_value);
 
+// The file's first bytes, at most `limit` of them (fewer at its end or on a read error).
+std::string read_prefix(int fd, std::size_t limit);
+
 }  // namespace gpulock
