@@ -110,4 +110,30 @@ std::string outside_visible_reason(const Device& device, const LeaseRequest& req
                      sanitize_for_display(*request.cuda_visible_devices, 128));
 }
 
+std::vector<const Device*> candidate_devices(
+    const std::vector<Device>& devices, const LeaseRequest& request, const Config& config,
+    std::vector<std::string>& never_reasons,
+    const std::function<std::string(const Device&)>& also_never) {
+  std::vector<const Device*> pool;
+  if (!request.gpus.empty()) {
+    pool = resolve_explicit(devices, request.gpus);
+  } else {
+    for (const auto& d : devices) pool.push_back(&d);
+  }
+  std::vector<const Device*> candidates;
+  for (const Device* d : pool) {
+    std::string never = never_reason(*d, request, config);
+    if (never.empty()) never = outside_visible_reason(*d, request);
+    if (never.empty() && also_never) never = also_never(*d);
+    if (!never.empty()) {
+      // Devices the caller did not name are silently unsuitable; named ones must all be usable.
+      if (!request.gpus.empty()) throw Error(ErrorCode::kUnsatisfiable, never);
+      never_reasons.push_back(never);
+      continue;
+    }
+    candidates.push_back(d);
+  }
+  return candidates;
+}
+
 }  // namespace gpulock

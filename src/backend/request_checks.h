@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,5 +43,14 @@ bool waits_over_limit(std::size_t waiting_now, const std::string& user, const Co
 
 // Why a device of this machine is outside the caller's CUDA_VISIBLE_DEVICES, or "".
 std::string outside_visible_reason(const Device& device, const LeaseRequest& request);
+
+// The devices of this machine that could ever serve the request: those it names (each must be
+// usable: throws kUnsatisfiable naming why one is not), else every device that suits it, with
+// why each other one does not in `never_reasons`. `also_never` adds a reason of the caller's
+// ("" when the device suits). Does not check that there are enough.
+std::vector<const Device*> candidate_devices(
+    const std::vector<Device>& devices, const LeaseRequest& request, const Config& config,
+    std::vector<std::string>& never_reasons,
+    const std::function<std::string(const Device&)>& also_never = {});
 
 }  // namespace gpulock

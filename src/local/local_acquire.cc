@@ -176,25 +176,9 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     const std::vector<Device> devices = source_->devices();
 
     // 1. Which devices could serve this request at all.
-    std::vector<const Device*> pool;
-    if (!request.gpus.empty()) {
-      pool = resolve_explicit(devices, request.gpus);
-    } else {
-      for (const auto& d : devices) pool.push_back(&d);
-    }
-    std::vector<const Device*> candidates;
     std::vector<std::string> never_reasons;
-    for (const Device* d : pool) {
-      std::string never = never_reason(*d, request, config_);
-      if (never.empty()) never = outside_visible_reason(*d, request);
-      if (!never.empty()) {
-        // Devices the caller did not name are silently unsuitable; named ones must all be usable.
-        if (!request.gpus.empty()) throw Error(ErrorCode::kUnsatisfiable, never);
-        never_reasons.push_back(never);
-        continue;
-      }
-      candidates.push_back(d);
-    }
+    const std::vector<const Device*> candidates =
+        candidate_devices(devices, request, config_, never_reasons);
     if (candidates.size() < needed) {
       throw unsatisfiable(
           fmt::format("{} GPU{} requested but this machine has {} that can serve it", needed,

@@ -65,41 +65,27 @@ Lease LocalBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
   std::string last_progress;
   while (true) {
     const std::vector<Device> devices = source_->devices();
-    std::vector<const Device*> pool;
-    if (!request.gpus.empty()) {
-      pool = resolve_explicit(devices, request.gpus);
-    } else {
-      for (const auto& d : devices) pool.push_back(&d);
-    }
-    std::vector<const Device*> candidates;
+    // Devices that could serve it at all: also big enough for the share, once the reserve is
+    // kept back.
+    const auto too_small = [&](const Device& d) -> std::string {
+      const off_t total = static_cast<off_t>(d.memory_total_bytes.value_or(0) / kSharedUnitBytes);
+      const off_t reserve = config_.shared_memory_reserve_bytes == 0
+                                ? 0
+                                : units_for(config_.shared_memory_reserve_bytes);
+      if (!d.memory_total_bytes)
+        return fmt::format("GPU {}: its memory size is unknown", d.display_index());
+      if (total > kSharedMaxUnits)
+        return fmt::format("GPU {}: more memory than shared leases support (2 TiB)",
+                           d.display_index());
+      if (wanted_units(request, total) > total - reserve)
+        return fmt::format("GPU {}: {} of memory, {} of it kept in reserve", d.display_index(),
+                           format_size(*d.memory_total_bytes),
+                           format_size(config_.shared_memory_reserve_bytes));
+      return "";
+    };
     std::vector<std::string> never_reasons;
-    for (const Device* d : pool) {
-      std::string never = never_reason(*d, request, config_);
-      if (never.empty()) never = outside_visible_reason(*d, request);
-      if (never.empty()) {
-        const off_t total =
-            static_cast<off_t>(d->memory_total_bytes.value_or(0) / kSharedUnitBytes);
-        const off_t reserve = config_.shared_memory_reserve_bytes == 0
-                                  ? 0
-                                  : units_for(config_.shared_memory_reserve_bytes);
-        if (!d->memory_total_bytes) {
-          never = fmt::format("GPU {}: its memory size is unknown", d->display_index());
-        } else if (total > kSharedMaxUnits) {
-          never = fmt::format("GPU {}: more memory than shared leases support (2 TiB)",
-                              d->display_index());
-        } else if (wanted_units(request, total) > total - reserve) {
-          never = fmt::format("GPU {}: {} of memory, {} of it kept in reserve", d->display_index(),
-                              format_size(*d->memory_total_bytes),
-                              format_size(config_.shared_memory_reserve_bytes));
-        }
-      }
-      if (!never.empty()) {
-        if (!request.gpus.empty()) throw Error(ErrorCode::kUnsatisfiable, never);
-        never_reasons.push_back(never);
-        continue;
-      }
-      candidates.push_back(d);
-    }
+    const std::vector<const Device*> candidates =
+        candidate_devices(devices, request, config_, never_reasons, too_small);
     if (candidates.size() < needed)
       throw unsatisfiable(fmt::format("{} GPU{} with {} requested but this machine has {} that "
                                       "can serve it",
