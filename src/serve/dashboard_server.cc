@@ -13,6 +13,7 @@
 
 #include "gpulock/error.hpp"
 #include "serve/dashboard_assets.h"
+#include "serve/elastic_task_queue.h"
 #include "serve/status_cache.h"
 
 namespace gpulock::serve {
@@ -104,7 +105,11 @@ struct DashboardServer::Impl {
       }
     });
     for (const Asset& asset : dashboard_assets()) {
-      const std::string path = asset.name == "index.html" ? "/" : "/" + std::string(asset.name);
+      // httplib takes a route as a regular expression: the name's dots are escaped, so that
+      // only the asset's exact path matches.
+      std::string path = "/";
+      if (asset.name != "index.html")
+        for (char c : asset.name) path += c == '.' ? std::string("\\.") : std::string(1, c);
       server.Get(path, [&asset](const httplib::Request&, httplib::Response& response) {
         response.set_content(std::string(asset.body), std::string(asset.content_type).c_str());
       });
@@ -120,6 +125,7 @@ struct DashboardServer::Impl {
     server.Put(".*", refuse);
     server.Patch(".*", refuse);
     server.Delete(".*", refuse);
+    server.Options(".*", refuse);
     server.set_error_handler([](const httplib::Request&, httplib::Response& response) {
       if (!response.body.empty()) return;  // a handler's own answer
       answer_error(response, response.status, error_text(response.status));
@@ -133,7 +139,9 @@ struct DashboardServer::Impl {
          {"X-Content-Type-Options", "nosniff"},
          {"Referrer-Policy", "no-referrer"},
          {"Content-Security-Policy",
-          "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"}});
+          "default-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+          "frame-ancestors 'none'"},
+         {"X-Frame-Options", "DENY"}});
   }
 };
 
@@ -147,7 +155,7 @@ void DashboardServer::run() {
   StatusCache cache(s.pool, s.options.show_commands, s.options.refresh_interval);
   s.routes(cache);
   const std::size_t threads = s.options.threads;
-  s.server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.server.new_task_queue = [threads] { return new ElasticTaskQueue(threads); };
   s.server.set_read_timeout(s.options.io_timeout);
   s.server.set_write_timeout(s.options.io_timeout);
   // Dashboards poll every 2 s: a connection kept open between polls would only hold a thread.

@@ -1,6 +1,7 @@
 // DashboardServer: `gpulock serve`, a read-only HTTP server of the pool's state: /metrics
 // (Prometheus), /api/status, /api/queue and /api/usage (the CLI's JSON documents) and the live
-// dashboard page at /. Built on cpp-httplib with a bounded thread pool and read/write timeouts.
+// dashboard page at /. Built on cpp-httplib with a bounded, growing thread pool and read/write
+// timeouts.
 #pragma once
 
 #include <atomic>
@@ -23,7 +24,9 @@ struct ServeOptions {
   // Full command lines over HTTP (else program names only): the config's serve_show_commands.
   bool show_commands = false;
   std::chrono::milliseconds refresh_interval{1000};
-  std::size_t threads = 16;
+  // Threads serving connections: started as connections come, up to this many (then they
+  // wait their turn); each connection holds one until answered or io_timeout has passed.
+  std::size_t threads = 256;
   std::chrono::seconds io_timeout{5};  // a client that sends or reads slower is dropped
   // /api/usage; unset: it answers 503 "usage journal not available".
   UsageProvider usage;
