@@ -3,6 +3,7 @@
 
 #include <sys/socket.h>
 
+#include <cctype>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -63,6 +64,25 @@ void parse_listen_address(const std::string& text, ServeOptions& options) {
   if (number > 65535) bad("the port must be a number from 0 to 65535");
   options.host = host.empty() ? "0.0.0.0" : host;
   options.port = number;
+}
+
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "::1" ||
+         (host.rfind("127.", 0) == 0 && host.find_first_not_of("0123456789.") == std::string::npos);
+}
+
+bool host_header_allowed(const std::string& host_header, const std::string& listen_host) {
+  if (!is_loopback_host(listen_host) || host_header.empty()) return true;
+  std::string name;
+  if (host_header.front() == '[') {
+    const auto end = host_header.find(']');
+    if (end == std::string::npos) return false;
+    name = host_header.substr(1, end - 1);
+  } else {
+    name = host_header.substr(0, host_header.find(':'));
+  }
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return is_loopback_host(name) || name == "localhost.";
 }
 
 struct DashboardServer::Impl {
@@ -126,6 +146,14 @@ struct DashboardServer::Impl {
     server.Patch(".*", refuse);
     server.Delete(".*", refuse);
     server.Options(".*", refuse);
+    server.set_pre_routing_handler(
+        [this](const httplib::Request& request, httplib::Response& response) {
+          if (host_header_allowed(request.get_header_value("Host"), options.host))
+            return httplib::Server::HandlerResponse::Unhandled;
+          answer_error(response, 403,
+                       "this server answers only to loopback names (Host: 127.0.0.1 or localhost)");
+          return httplib::Server::HandlerResponse::Handled;
+        });
     server.set_error_handler([](const httplib::Request&, httplib::Response& response) {
       if (!response.body.empty()) return;  // a handler's own answer
       answer_error(response, response.status, error_text(response.status));

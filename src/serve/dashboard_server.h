@@ -38,6 +38,15 @@ struct ServeOptions {
 // Error(kInvalidArgument).
 void parse_listen_address(const std::string& text, ServeOptions& options);
 
+// "localhost", "::1" or a dotted address in 127.0.0.0/8 (not a name that merely begins so).
+bool is_loopback_host(const std::string& host);
+
+// Whether a request's Host header may be answered by a server listening on `listen_host`. On a
+// loopback address only loopback names are (or no Host at all): a web page elsewhere whose
+// name a browser was made to resolve to 127.0.0.1 (DNS rebinding) cannot read the documents.
+// Any name is on other addresses, whose names the server cannot know.
+bool host_header_allowed(const std::string& host_header, const std::string& listen_host);
+
 class DashboardServer {
  public:
   DashboardServer(GpuPool& pool, ServeOptions options);

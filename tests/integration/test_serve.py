@@ -188,6 +188,21 @@ def test_idle_connections_do_not_hold_up_the_others(gl):
     assert server.alive()
 
 
+def test_on_loopback_only_loopback_host_names_are_answered(gl):
+    """DNS rebinding: a page from elsewhere whose name a browser was made to resolve to
+    127.0.0.1 sends its own name as Host; the server must not hand it the documents."""
+    server = start_serve(gl, env=gl.env(fake="2"))
+    for host in ("127.0.0.1:%d" % server.port, "localhost:%d" % server.port, "LOCALHOST",
+                 "[::1]:%d" % server.port, "127.0.0.2"):
+        assert get(server.port, "/api/status", headers={"Host": host})[0] == 200, host
+    for host in ("evil.example:%d" % server.port, "evil.example", "127.0.0.1.evil.example",
+                 "[::2]:80", "localhost.evil.example"):
+        for path in ("/api/status", "/metrics", "/"):
+            status, _, body = get(server.port, path, headers={"Host": host})
+            assert status == 403 and "loopback" in json.loads(body)["error"], (host, path)
+    assert server.alive()
+
+
 def test_sigterm_and_sigint_stop_it_cleanly(gl):
     env = gl.env(fake="2")
     for sig in (signal.SIGTERM, signal.SIGINT):
