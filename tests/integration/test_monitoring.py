@@ -249,6 +249,15 @@ def test_metrics_output_file_is_replaced_whole(gl):
     assert len(find(values, "gpulock_gpu_info")) == 4
     assert oct(target.stat().st_mode & 0o777) == "0o644"
     assert sorted(os.listdir(target.parent)) == ["gpulock.prom"]  # no temporary left behind
+    # Replaced by a rename, never rewritten in place: a collector that has the old file open
+    # reads it whole, and the new one appears whole (a new inode each time).
+    with open(target) as old:
+        before = os.fstat(old.fileno()).st_ino
+        old_text = target.read_text()
+        assert gl.run("metrics", "--output", target).returncode == 0
+        assert old.read() == old_text
+    assert target.stat().st_ino != before
+    assert len(find(samples(target.read_text())[0], "gpulock_gpu_info")) == 4
     missing = gl.run("metrics", "--output", gl.tmp / "no-such-dir" / "x.prom")
     assert missing.returncode == 69
     assert "cannot write" in missing.stderr
