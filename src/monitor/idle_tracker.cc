@@ -143,11 +143,26 @@ void IdleTracker::observe(PoolStatus& status, std::chrono::seconds idle_after) {
 }
 
 std::filesystem::path default_idle_record_path() {
+  // Only under a directory of this user's own (or, where it does not exist yet, whose nearest
+  // existing parent is): run through sudo, HOME may still name the invoking user's home, where
+  // root would create root-owned directories the user then cannot write, and would follow
+  // whatever symlinks that user planted there.
+  const auto ours = [](std::filesystem::path directory) {
+    for (;;) {
+      struct stat info {};
+      if (::stat(directory.c_str(), &info) == 0)
+        return S_ISDIR(info.st_mode) && info.st_uid == ::geteuid();
+      if (errno != ENOENT || directory == directory.parent_path()) return false;
+      directory = directory.parent_path();
+    }
+  };
   const char* state = std::getenv("XDG_STATE_HOME");
-  if (state != nullptr && *state == '/')
+  if (state != nullptr && *state == '/') {
+    if (!ours(state)) return {};
     return std::filesystem::path(state) / "gpulock" / "idle-readings.json";
+  }
   const char* home = std::getenv("HOME");
-  if (home != nullptr && *home == '/')
+  if (home != nullptr && *home == '/' && ours(home))
     return std::filesystem::path(home) / ".local" / "state" / "gpulock" / "idle-readings.json";
   return {};
 }

@@ -156,6 +156,24 @@ def test_a_bad_readings_file_never_stops_status(gl):
     answers(bare)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a state directory of another user")
+def test_root_keeps_no_readings_in_another_users_directory(gl):
+    """Under sudo, HOME (or XDG_STATE_HOME) may still name the invoking user's directory: root
+    must neither create root-owned directories there nor follow that user's symlinks."""
+    path = gl.write_fake_gpus(fake_gpus(2, {0: {"utilization": 0}, 1: {"utilization": 0}}))
+    theirs = gl.tmp / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    for gpu, variables in enumerate(({"XDG_STATE_HOME": str(theirs)}, {"HOME": str(theirs)})):
+        env = {k: v for k, v in gl.env(fake=path).items() if k not in ("XDG_STATE_HOME", "HOME")}
+        env.update(variables)
+        gl.hold("--gpus", str(gpu), env=env)
+        result = gl.run("status", "--json", env=env)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["gpus"][gpu]["idle_since"] is not None  # still tracked
+        assert os.listdir(theirs) == [], variables
+
+
 # -- intruders -------------------------------------------------------------------------------
 
 def test_a_process_outside_the_lease_on_a_leased_gpu_is_an_intruder(gl):
