@@ -52,7 +52,8 @@ class IdleTracker {
 };
 
 // $XDG_STATE_HOME/gpulock/idle-readings.json, else ~/.local/state/gpulock/idle-readings.json;
-// empty when neither can be named (no HOME).
+// empty (memory only) when neither can be named (no HOME), or the directory named is not one of
+// this user's own (root under sudo with the invoking user's HOME).
 std::filesystem::path default_idle_record_path();
 
 // A compute process on a leased GPU that the lease's process tree does not contain.

@@ -13,13 +13,6 @@
 #include "serve/usage_documents.h"
 
 namespace gpulock::cli {
-namespace {
-
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
-}  // namespace
 
 void add_serve_command(CLI::App& app, int* exit_status) {
   auto* command = app.add_subcommand(
@@ -53,7 +46,7 @@ void add_serve_command(CLI::App& app, int* exit_status) {
       const bool v6 = options.host.find(':') != std::string::npos;
       fmt::print(stderr, "gpulock serve: listening on http://{}{}{}:{}/\n", v6 ? "[" : "",
                  options.host, v6 ? "]" : "", port);
-      if (!is_loopback(options.host))
+      if (!serve::is_loopback_host(options.host))
         fmt::print(stderr,
                    "gpulock serve: warning: reachable from the network: anyone who can connect "
                    "sees who holds which GPU{}\n",

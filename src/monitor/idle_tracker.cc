@@ -4,9 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +24,29 @@ std::string key_of(const PoolStatus& status, const GpuStatus& gpu) {
   return (gpu.host.empty() ? status.host : gpu.host) + "/" + gpu.device.uuid;
 }
 
+// The record's text, or "" when it is missing, not a regular file (a symlink, a FIFO, a
+// device: never followed, never waited on), larger than kMaxRecordBytes, or unreadable.
+std::string read_record(const std::filesystem::path& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY));
+  struct stat info {};
+  if (!fd || ::fstat(fd.get(), &info) != 0 || !S_ISREG(info.st_mode) ||
+      info.st_size > static_cast<off_t>(kMaxRecordBytes))
+    return {};
+  // One byte more than the size: a file that grew meanwhile is not taken half read.
+  std::string text(static_cast<std::size_t>(info.st_size) + 1, '\0');
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::read(fd.get(), text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return {};
+    if (n == 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  if (done == text.size()) return {};
+  text.resize(done);
+  return text;
+}
+
 }  // namespace
 
 IdleTracker::IdleTracker(std::filesystem::path record) : record_(std::move(record)) {}
@@ -31,14 +54,9 @@ IdleTracker::IdleTracker(std::filesystem::path record) : record_(std::move(recor
 void IdleTracker::load() {
   readings_.clear();
   if (record_.empty()) return;
-  std::ifstream in(record_, std::ios::binary);
-  if (!in) return;
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (text.str().size() > kMaxRecordBytes) return;
-  const auto document = nlohmann::json::parse(text.str(), nullptr, false);
+  const auto document = nlohmann::json::parse(read_record(record_), nullptr, false);
   if (!document.is_object() || !document.contains("gpus") || !document["gpus"].is_object())
-    return;  // damaged: start again from no readings
+    return;  // missing or damaged: start again from no readings
   for (const auto& [key, entry] : document["gpus"].items()) {
     if (!entry.is_object() || !entry.value("lease_id", nlohmann::json()).is_string() ||
         !entry.value("zero_since", nlohmann::json()).is_number() ||
@@ -55,7 +73,9 @@ void IdleTracker::save() const {
   for (const auto& [key, r] : readings_)
     gpus[key] = {
         {"lease_id", r.lease_id}, {"zero_since", r.zero_since}, {"last_seen", r.last_seen}};
-  const std::string text = nlohmann::json{{"version", 1}, {"gpus", gpus}}.dump() + "\n";
+  const std::string text = nlohmann::json{{"version", 1}, {"gpus", gpus}}.dump(
+                               -1, ' ', false, nlohmann::json::error_handler_t::replace) +
+                           "\n";
   // Written beside the record and renamed over it, so a reader never sees half a file.
   std::error_code ignored;
   std::filesystem::create_directories(record_.parent_path(), ignored);
@@ -72,7 +92,12 @@ void IdleTracker::save() const {
 
 void IdleTracker::observe(PoolStatus& status, std::chrono::seconds idle_after) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!record_.empty()) load();
+  // The record is a convenience: no trouble with it may stop a status from being shown.
+  try {
+    if (!record_.empty()) load();
+  } catch (const std::exception&) {
+    readings_.clear();
+  }
   const double now = unix_seconds(status.taken_at);
   const double max_gap = std::chrono::duration<double>(kMaxReadingGap).count();
   std::map<std::string, Reading> seen;
@@ -110,15 +135,34 @@ void IdleTracker::observe(PoolStatus& status, std::chrono::seconds idle_after) {
       if (!covered) seen.emplace(key, reading);
     }
   readings_ = std::move(seen);
-  if (!record_.empty()) save();
+  try {
+    if (!record_.empty()) save();
+  } catch (const std::exception&) {
+    // not kept for the next run; this one is still right
+  }
 }
 
 std::filesystem::path default_idle_record_path() {
+  // Only under a directory of this user's own (or, where it does not exist yet, whose nearest
+  // existing parent is): run through sudo, HOME may still name the invoking user's home, where
+  // root would create root-owned directories the user then cannot write, and would follow
+  // whatever symlinks that user planted there.
+  const auto ours = [](std::filesystem::path directory) {
+    for (;;) {
+      struct stat info {};
+      if (::stat(directory.c_str(), &info) == 0)
+        return S_ISDIR(info.st_mode) && info.st_uid == ::geteuid();
+      if (errno != ENOENT || directory == directory.parent_path()) return false;
+      directory = directory.parent_path();
+    }
+  };
   const char* state = std::getenv("XDG_STATE_HOME");
-  if (state != nullptr && *state == '/')
+  if (state != nullptr && *state == '/') {
+    if (!ours(state)) return {};
     return std::filesystem::path(state) / "gpulock" / "idle-readings.json";
+  }
   const char* home = std::getenv("HOME");
-  if (home != nullptr && *home == '/')
+  if (home != nullptr && *home == '/' && ours(home))
     return std::filesystem::path(home) / ".local" / "state" / "gpulock" / "idle-readings.json";
   return {};
 }

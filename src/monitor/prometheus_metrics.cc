@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "gpulock/monitor.hpp"
+#include "util/strings.h"
 #include "util/unix_time.h"
 
 namespace gpulock {
@@ -15,7 +16,10 @@ namespace {
 
 using Labels = std::vector<std::pair<std::string, std::string>>;
 
-std::string escaped(const std::string& value) {
+std::string escaped(const std::string& raw) {
+  // A scraper refuses the whole page over one label value that is not UTF-8, and labels are
+  // anyone's --label: such a value is shown made safe ('?' for what is not text) instead.
+  const std::string value = is_valid_utf8(raw) ? raw : sanitize_for_display(raw, raw.size() * 3);
   std::string out;
   for (char c : value) {
     if (c == '\\')
@@ -31,8 +35,11 @@ std::string escaped(const std::string& value) {
 }
 
 std::string number(double value) {
+  // The format's own words for what is not a finite number (and no cast of one to an integer).
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
   // Integers exactly; others with enough digits to round-trip.
-  if (value == static_cast<double>(static_cast<long long>(value)) && std::abs(value) < 1e15)
+  if (std::abs(value) < 1e15 && value == std::trunc(value))
     return fmt::format("{}", static_cast<long long>(value));
   return fmt::format("{:.17g}", value);
 }

@@ -3,6 +3,7 @@
 
 #include <sys/socket.h>
 
+#include <cctype>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -13,6 +14,7 @@
 
 #include "gpulock/error.hpp"
 #include "serve/dashboard_assets.h"
+#include "serve/elastic_task_queue.h"
 #include "serve/status_cache.h"
 
 namespace gpulock::serve {
@@ -64,6 +66,25 @@ void parse_listen_address(const std::string& text, ServeOptions& options) {
   options.port = number;
 }
 
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "::1" ||
+         (host.rfind("127.", 0) == 0 && host.find_first_not_of("0123456789.") == std::string::npos);
+}
+
+bool host_header_allowed(const std::string& host_header, const std::string& listen_host) {
+  if (!is_loopback_host(listen_host) || host_header.empty()) return true;
+  std::string name;
+  if (host_header.front() == '[') {
+    const auto end = host_header.find(']');
+    if (end == std::string::npos) return false;
+    name = host_header.substr(1, end - 1);
+  } else {
+    name = host_header.substr(0, host_header.find(':'));
+  }
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return is_loopback_host(name) || name == "localhost.";
+}
+
 struct DashboardServer::Impl {
   GpuPool& pool;
   ServeOptions options;
@@ -104,7 +125,11 @@ struct DashboardServer::Impl {
       }
     });
     for (const Asset& asset : dashboard_assets()) {
-      const std::string path = asset.name == "index.html" ? "/" : "/" + std::string(asset.name);
+      // httplib takes a route as a regular expression: the name's dots are escaped, so that
+      // only the asset's exact path matches.
+      std::string path = "/";
+      if (asset.name != "index.html")
+        for (char c : asset.name) path += c == '.' ? std::string("\\.") : std::string(1, c);
       server.Get(path, [&asset](const httplib::Request&, httplib::Response& response) {
         response.set_content(std::string(asset.body), std::string(asset.content_type).c_str());
       });
@@ -120,6 +145,15 @@ struct DashboardServer::Impl {
     server.Put(".*", refuse);
     server.Patch(".*", refuse);
     server.Delete(".*", refuse);
+    server.Options(".*", refuse);
+    server.set_pre_routing_handler(
+        [this](const httplib::Request& request, httplib::Response& response) {
+          if (host_header_allowed(request.get_header_value("Host"), options.host))
+            return httplib::Server::HandlerResponse::Unhandled;
+          answer_error(response, 403,
+                       "this server answers only to loopback names (Host: 127.0.0.1 or localhost)");
+          return httplib::Server::HandlerResponse::Handled;
+        });
     server.set_error_handler([](const httplib::Request&, httplib::Response& response) {
       if (!response.body.empty()) return;  // a handler's own answer
       answer_error(response, response.status, error_text(response.status));
@@ -133,7 +167,9 @@ struct DashboardServer::Impl {
          {"X-Content-Type-Options", "nosniff"},
          {"Referrer-Policy", "no-referrer"},
          {"Content-Security-Policy",
-          "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"}});
+          "default-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+          "frame-ancestors 'none'"},
+         {"X-Frame-Options", "DENY"}});
   }
 };
 
@@ -147,7 +183,7 @@ void DashboardServer::run() {
   StatusCache cache(s.pool, s.options.show_commands, s.options.refresh_interval);
   s.routes(cache);
   const std::size_t threads = s.options.threads;
-  s.server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.server.new_task_queue = [threads] { return new ElasticTaskQueue(threads); };
   s.server.set_read_timeout(s.options.io_timeout);
   s.server.set_write_timeout(s.options.io_timeout);
   // Dashboards poll every 2 s: a connection kept open between polls would only hold a thread.

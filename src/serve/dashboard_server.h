@@ -1,6 +1,7 @@
 // DashboardServer: `gpulock serve`, a read-only HTTP server of the pool's state: /metrics
 // (Prometheus), /api/status, /api/queue and /api/usage (the CLI's JSON documents) and the live
-// dashboard page at /. Built on cpp-httplib with a bounded thread pool and read/write timeouts.
+// dashboard page at /. Built on cpp-httplib with a bounded, growing thread pool and read/write
+// timeouts.
 #pragma once
 
 #include <atomic>
@@ -23,7 +24,9 @@ struct ServeOptions {
   // Full command lines over HTTP (else program names only): the config's serve_show_commands.
   bool show_commands = false;
   std::chrono::milliseconds refresh_interval{1000};
-  std::size_t threads = 16;
+  // Threads serving connections: started as connections come, up to this many (then they
+  // wait their turn); each connection holds one until answered or io_timeout has passed.
+  std::size_t threads = 256;
   std::chrono::seconds io_timeout{5};  // a client that sends or reads slower is dropped
   // /api/usage; unset: it answers 503 "usage journal not available".
   UsageProvider usage;
@@ -34,6 +37,15 @@ struct ServeOptions {
 // "127.0.0.1:9400", "[::1]:9400", ":9400" (all interfaces) into host and port. Throws
 // Error(kInvalidArgument).
 void parse_listen_address(const std::string& text, ServeOptions& options);
+
+// "localhost", "::1" or a dotted address in 127.0.0.0/8 (not a name that merely begins so).
+bool is_loopback_host(const std::string& host);
+
+// Whether a request's Host header may be answered by a server listening on `listen_host`. On a
+// loopback address only loopback names are (or no Host at all): a web page elsewhere whose
+// name a browser was made to resolve to 127.0.0.1 (DNS rebinding) cannot read the documents.
+// Any name is on other addresses, whose names the server cannot know.
+bool host_header_allowed(const std::string& host_header, const std::string& listen_host);
 
 class DashboardServer {
  public:

@@ -68,6 +68,16 @@ std::size_t utf8_sequence_length(std::string_view text, std::size_t i, char32_t&
 
 }  // namespace
 
+bool is_valid_utf8(std::string_view text) {
+  for (std::size_t i = 0; i < text.size();) {
+    char32_t code = 0;
+    const std::size_t length = utf8_sequence_length(text, i, code);
+    if (length == 0) return false;
+    i += length;
+  }
+  return true;
+}
+
 std::string sanitize_for_display(std::string_view text, std::size_t max_length) {
   constexpr std::string_view kEllipsis = "\u2026";  // …
   // The common case, short printable ASCII, as it is.

@@ -16,6 +16,10 @@ bool starts_with_ignoring_case(std::string_view text, std::string_view prefix);
 // in "…") so that the result is valid UTF-8 of at most max_length bytes.
 std::string sanitize_for_display(std::string_view text, std::size_t max_length = 256);
 
+// Whether the text is well-formed UTF-8 (no overlong forms, surrogates or code points past
+// U+10FFFF).
+bool is_valid_utf8(std::string_view text);
+
 // Quotes a value for a POSIX shell (single quotes; embedded quotes escaped).
 std::string shell_quote(std::string_view value);
 

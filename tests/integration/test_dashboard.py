@@ -158,3 +158,18 @@ def test_usage_chart_draws_gpu_hours_per_user_per_day(gl, browser):
                               "alice, 2026-11-02: 1.00 GPU-hours",
                               "bob, 2026-11-01: 2.00 GPU-hours"]
     browser.screenshot(str(gl.tmp / "dashboard-usage.png"))
+
+
+def test_markup_in_a_label_is_shown_as_text_never_run(gl, browser):
+    # Labels, commands and user names come from anyone who can take a lease: the page must put
+    # them in as text. Were one parsed as HTML, the image's onerror would set window.pwned.
+    label = '<img src=x onerror="window.pwned=1"><b>bold</b>'
+    env = gl.env(fake="2")
+    gl.hold("--gpus", "0", env=env, label=label)
+    server = start_serve(gl, env=env)
+    browser.call("Page.navigate", url="http://127.0.0.1:%d/" % server.port)
+    shown = wait_until(lambda: (lambda s: s if s and s["state"] == "leased" else None)(
+        page_state(browser)), timeout=HANG, what="the dashboard to show GPU 0 leased")
+    assert shown["label"] == label
+    assert browser.evaluate("document.querySelectorAll('#gpus img, #gpus b').length") == 0
+    assert browser.evaluate("window.pwned === undefined") is True

@@ -8,13 +8,14 @@ import json
 import os
 import pwd
 import re
+import shutil
 import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import EX_USAGE, sim_uuid
-from gpulock_testing import wait_until
+from gpulock_testing import SHORT_HANG, wait_until
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 
@@ -107,6 +108,70 @@ def test_idle_after_must_be_a_sensible_duration(gl):
     result = gl.run("status", env=env)
     assert result.returncode == 78
     assert "idle_after" in result.stderr
+
+
+def test_a_bad_readings_file_never_stops_status(gl):
+    """The per-user readings file (XDG_STATE_HOME/gpulock/idle-readings.json) is a convenience:
+    whatever sits at its place, or when no place can be named or written, `status` and
+    `metrics` still answer at once. A FIFO (or a symlink to one) would block a reader that opened
+    it blindly for ever; the hang guard turns that into a failure."""
+    path = gl.write_fake_gpus(fake_gpus(2, {0: {"utilization": 0}}))
+    env = gl.env(fake=path, GPULOCK_CONFIG=config(gl, 'idle_after = "1h"\n'))
+    gl.hold("--gpus", "0", env=env)
+    state = gl.tmp / "state"
+    record = state / "gpulock" / "idle-readings.json"
+    elsewhere = gl.tmp / "elsewhere"
+    elsewhere.mkdir()
+    fifo = elsewhere / "fifo"
+    os.mkfifo(fifo)
+
+    def answers(env=env):
+        for command in (["status", "--json"], ["metrics"]):
+            result = gl.run(*command, env=env, timeout=SHORT_HANG)
+            assert result.returncode == 0, (command, result.stderr)
+        assert json.loads(gl.run("status", "--json", env=env).stdout)["gpus"][0]["state"] \
+            == "leased"
+
+    def replace_record(make):
+        record.parent.mkdir(parents=True, exist_ok=True)
+        if record.is_symlink() or record.exists():
+            record.unlink()
+        make()
+
+    replace_record(lambda: os.mkfifo(record))
+    answers()
+    replace_record(lambda: os.symlink(fifo, record))
+    answers()
+    for text in (b"[]", b'{"gpus": []}', b'{"gpus": {"x": {"lease_id": 5}}}', b"\xff\xfe\x00",
+                 b'{"gpus": {"node/GPU-1": {"lease_id": "a", "zero_since": 1e308, '
+                 b'"last_seen": -1e308}}}'):
+        replace_record(lambda: record.write_bytes(text))
+        answers()
+    # A file where the state directory should be: nothing can be kept, the status still shows.
+    shutil.rmtree(state)
+    state.write_text("not a directory")
+    answers()
+    # No XDG_STATE_HOME and no HOME: memory only.
+    bare = {k: v for k, v in env.items() if k not in ("XDG_STATE_HOME", "HOME")}
+    answers(bare)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a state directory of another user")
+def test_root_keeps_no_readings_in_another_users_directory(gl):
+    """Under sudo, HOME (or XDG_STATE_HOME) may still name the invoking user's directory: root
+    must neither create root-owned directories there nor follow that user's symlinks."""
+    path = gl.write_fake_gpus(fake_gpus(2, {0: {"utilization": 0}, 1: {"utilization": 0}}))
+    theirs = gl.tmp / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    for gpu, variables in enumerate(({"XDG_STATE_HOME": str(theirs)}, {"HOME": str(theirs)})):
+        env = {k: v for k, v in gl.env(fake=path).items() if k not in ("XDG_STATE_HOME", "HOME")}
+        env.update(variables)
+        gl.hold("--gpus", str(gpu), env=env)
+        result = gl.run("status", "--json", env=env)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["gpus"][gpu]["idle_since"] is not None  # still tracked
+        assert os.listdir(theirs) == [], variables
 
 
 # -- intruders -------------------------------------------------------------------------------
@@ -202,6 +267,15 @@ def test_metrics_output_file_is_replaced_whole(gl):
     assert len(find(values, "gpulock_gpu_info")) == 4
     assert oct(target.stat().st_mode & 0o777) == "0o644"
     assert sorted(os.listdir(target.parent)) == ["gpulock.prom"]  # no temporary left behind
+    # Replaced by a rename, never rewritten in place: a collector that has the old file open
+    # reads it whole, and the new one appears whole (a new inode each time).
+    with open(target) as old:
+        before = os.fstat(old.fileno()).st_ino
+        old_text = target.read_text()
+        assert gl.run("metrics", "--output", target).returncode == 0
+        assert old.read() == old_text
+    assert target.stat().st_ino != before
+    assert len(find(samples(target.read_text())[0], "gpulock_gpu_info")) == 4
     missing = gl.run("metrics", "--output", gl.tmp / "no-such-dir" / "x.prom")
     assert missing.returncode == 69
     assert "cannot write" in missing.stderr

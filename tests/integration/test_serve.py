@@ -112,6 +112,8 @@ def test_every_endpoint_answers_with_the_clis_documents(gl):
     assert b'<script src="/dashboard.js"' in body and b"http" not in body.replace(
         b"http-equiv", b"")  # nothing from elsewhere: the page works offline
     assert "default-src 'self'" in headers["content-security-policy"]
+    assert "base-uri 'none'" in headers["content-security-policy"]
+    assert headers["x-content-type-options"] == "nosniff"
     for asset, kind in (("/dashboard.js", "text/javascript"), ("/dashboard.css", "text/css")):
         status, headers, body = get(server.port, asset)
         assert status == 200 and headers["content-type"].startswith(kind) and body
@@ -144,6 +146,19 @@ def test_bad_requests_get_clean_errors_and_the_server_goes_on(gl):
     status, headers, body = get(port, "/api/status", method="POST", body=b"x")
     assert status == 405 and headers["allow"] == "GET, HEAD"
     assert raw(port, b"\x00\x01garbage\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    for method in ("PUT", "DELETE", "PATCH", "OPTIONS"):
+        status, headers, body = get(port, "/api/status", method=method)
+        assert status == 405 and "error" in json.loads(body), method
+    # Assets are served by exact name only: no way out of them, nothing that merely looks alike.
+    for path in ("/../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd", "/dashboard.js/../../x",
+                 "/dashboardXjs", "/index.html/..", "//etc/passwd"):
+        status, _, body = get(port, path)
+        assert status == 404 and json.loads(body) == {"error": "no such page"}, path
+    # Query strings the documents do not take, or cannot be decoded, are ignored, not fatal.
+    for query in ("?since=abc", "?%zz=%", "?" + "&" * 2000, "?a=%00%ff"):
+        status, _, body = get(port, "/api/status" + query)
+        assert status == 200 and json.loads(body)["gpus"], query
+        assert get(port, "/metrics" + query)[0] == 200
 
     # A slow client sends half a request and stalls: others are served meanwhile, and the
     # server drops the slow one after its read timeout instead of waiting for ever.
@@ -162,6 +177,44 @@ def test_bad_requests_get_clean_errors_and_the_server_goes_on(gl):
         slow.close()
 
     assert get(port, "/api/status")[0] == 200
+    assert server.alive()
+
+
+def test_idle_connections_do_not_hold_up_the_others(gl):
+    """Connections that send nothing (a browser's preconnected sockets, a stalled client) each
+    hold a thread until the server's 5 s read timeout drops them. With a fixed pool of N threads,
+    N of them made every other request wait for that timeout. Checked by order of events, not by
+    time: the request is answered while every idle connection is still open, i.e. before the
+    server has dropped any of them."""
+    server = start_serve(gl, env=gl.env(fake="2"))
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=HANG) for _ in range(48)]
+    try:
+        assert get(server.port, "/api/status")[0] == 200
+        for s in idle:
+            s.setblocking(False)
+            try:
+                dropped = s.recv(1) == b""
+            except BlockingIOError:
+                dropped = False
+            assert not dropped, "the answer came only after the server dropped idle connections"
+    finally:
+        for s in idle:
+            s.close()
+    assert server.alive()
+
+
+def test_on_loopback_only_loopback_host_names_are_answered(gl):
+    """DNS rebinding: a page from elsewhere whose name a browser was made to resolve to
+    127.0.0.1 sends its own name as Host; the server must not hand it the documents."""
+    server = start_serve(gl, env=gl.env(fake="2"))
+    for host in ("127.0.0.1:%d" % server.port, "localhost:%d" % server.port, "LOCALHOST",
+                 "[::1]:%d" % server.port, "127.0.0.2"):
+        assert get(server.port, "/api/status", headers={"Host": host})[0] == 200, host
+    for host in ("evil.example:%d" % server.port, "evil.example", "127.0.0.1.evil.example",
+                 "[::2]:80", "localhost.evil.example"):
+        for path in ("/api/status", "/metrics", "/"):
+            status, _, body = get(server.port, path, headers={"Host": host})
+            assert status == 403 and "loopback" in json.loads(body)["error"], (host, path)
     assert server.alive()
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import struct
+import time
 import urllib.parse
 
 
@@ -18,6 +19,8 @@ class CdpError(Exception):
 class CdpConnection:
     def __init__(self, ws_url, timeout=30):
         url = urllib.parse.urlparse(ws_url)
+        self.timeout = timeout  # the longest any one call may take, events included
+        self.deadline = None
         self.sock = socket.create_connection((url.hostname, url.port), timeout=timeout)
         key = base64.b64encode(os.urandom(16)).decode()
         request = ("GET %s HTTP/1.1\r\nHost: %s:%d\r\nUpgrade: websocket\r\n"
@@ -44,6 +47,11 @@ class CdpConnection:
 
     def _read(self, n):
         while len(self.buffer) < n:
+            if self.deadline is not None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise CdpError("no answer within %ss (hang guard)" % self.timeout)
+                self.sock.settimeout(left)
             chunk = self.sock.recv(65536)
             if not chunk:
                 raise CdpError("connection closed")
@@ -88,17 +96,26 @@ class CdpConnection:
                     return json.loads(b"".join(parts).decode())
 
     def call(self, method, **params):
-        """Sends a command and returns its result, skipping the events that arrive meanwhile."""
+        """Sends a command and returns its result, skipping the events that arrive meanwhile.
+        The whole call, however many events come first, fails after `timeout` seconds (a
+        browser that keeps sending events but never answers cannot hang the test)."""
         self.next_id += 1
         message_id = self.next_id
-        self._send_frame(0x1, json.dumps({"id": message_id, "method": method,
-                                          "params": params}).encode())
-        while True:
-            message = self._receive_message()
-            if message.get("id") == message_id:
-                if "error" in message:
-                    raise CdpError("%s: %s" % (method, message["error"]))
-                return message.get("result", {})
+        self.deadline = time.monotonic() + self.timeout
+        try:
+            self._send_frame(0x1, json.dumps({"id": message_id, "method": method,
+                                              "params": params}).encode())
+            while True:
+                message = self._receive_message()
+                if message.get("id") == message_id:
+                    if "error" in message:
+                        raise CdpError("%s: %s" % (method, message["error"]))
+                    return message.get("result", {})
+        except socket.timeout:
+            raise CdpError("%s: no answer within %ss (hang guard)" % (method, self.timeout))
+        finally:
+            self.deadline = None
+            self.sock.settimeout(self.timeout)
 
     def evaluate(self, expression):
         """The value of a JavaScript expression in the page (awaiting it if it is a promise)."""
