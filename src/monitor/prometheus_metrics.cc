@@ -71,9 +71,31 @@ Labels with(Labels labels, const std::string& name, const std::string& value) {
   return labels;
 }
 
+// The journal's counters, or a comment saying why there are none (journal_up 0).
+std::string lease_count_text(const LeaseCounts& counts) {
+  Family up("gpulock_journal_up", "gauge",
+            "1 if the usage journal could be read for the lease counters, else 0.");
+  up.add({}, counts.available ? 1 : 0);
+  if (!counts.available) {
+    std::string why = counts.problem;
+    std::replace(why.begin(), why.end(), '\n', ' ');
+    return fmt::format("# gpulock: no lease counters: {}\n", why) + up.text();
+  }
+  Family started("gpulock_leases_started_total", "counter",
+                 "Leases started, per user, as the usage journal records them.");
+  Family ended("gpulock_leases_ended_total", "counter",
+               "Leases ended, per user and how (released, holder_died, lost).");
+  for (const auto& [user, n] : counts.started)
+    started.add({{"user", user}}, static_cast<double>(n));
+  for (const auto& [key, n] : counts.ended)
+    ended.add({{"user", key.first}, {"how", lease_end_name(key.second)}}, static_cast<double>(n));
+  return up.text() + started.text() + ended.text();
+}
+
 }  // namespace
 
-std::string metrics_text(const PoolStatus& status, const QueueStatus& queue) {
+std::string metrics_text(const PoolStatus& status, const QueueStatus& queue,
+                         const LeaseCounts* lease_counts) {
   const double now = unix_seconds(status.taken_at);
   Family info("gpulock_gpu_info", "gauge", "A GPU (or MIG instance) gpulock manages; always 1.");
   Family state("gpulock_gpu_state", "gauge",
@@ -171,6 +193,7 @@ std::string metrics_text(const PoolStatus& status, const QueueStatus& queue) {
         &idle_seconds, &intruders, &intruder, &user_gpus, &queue_length, &user_waiting,
         &user_gpus_wanted, &user_wait, &idle_after, &taken})
     text += family->text();
+  if (lease_counts) text += lease_count_text(*lease_counts);
   return text;
 }
 
