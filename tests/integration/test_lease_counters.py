@@ -3,7 +3,8 @@ gpulock_leases_started_total{user} and gpulock_leases_ended_total{user,how}, fro
 journal. The test counts what it ran itself (jobs that ended normally, a job SIGKILLed whole)
 and checks the counters against that, parsed with prometheus_client's text parser. serve keeps
 its counts from what the journal gained since its last reading: rotated files must not be
-counted twice, and an end written after serve inferred it must not count again."""
+counted twice, and an end written after serve inferred it must not count again. On Redis, a
+lease whose lock was taken from it counts as "lost"."""
 
 import http.client
 import os
@@ -11,9 +12,14 @@ import pwd
 import re
 import signal
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpulock_testing import HANG, wait_until
+pytest.register_assert_rewrite("conftest_redis")
+from conftest_redis import RedisWorld  # noqa: E402,F401
+
+pytest_plugins = ["conftest_redis"]
 
 ME = pwd.getpwuid(os.geteuid()).pw_name
 COUNTERS = ("gpulock_leases_started_total", "gpulock_leases_ended_total")
@@ -148,3 +154,24 @@ def test_serve_counts_incrementally_across_rotation_and_a_killed_job(gl):
     assert counts(parse(cli_metrics(gl, env))[0]) == (
         24, {"released": 23, "holder_died": 1, "lost": 0})
     assert server.alive()
+
+
+def test_redis_released_and_lost_leases_are_counted_by_metrics_and_serve(rw):
+    gl = rw.gl
+    env = rw.env(ttl="30s")  # renewals every 10 s: time to take the holder's GPU first
+    rw.register("node-a", gpus=1, ttl="30s")
+    ok = rw.run("run", "-n", "1", "--", "true", env=env)
+    assert ok.returncode == 0, ok.stderr
+    server = start_serve(gl, env)
+    holder = rw.hold("-n", "1", env=env)
+    # Its lock key goes and another lease takes the GPU: the holder finds its lease lost.
+    rw.server.command("DEL", rw.lock_key(holder.gpus[0]))
+    intruder = rw.hold("-n", "1", env=env)
+    wait_until(lambda: "lost" in holder.bg.stderr(), timeout=HANG, what="the loss warning")
+    holder.finish()
+    intruder.finish()
+
+    expected = (3, {"released": 2, "holder_died": 0, "lost": 1})
+    assert counts(parse(cli_metrics(gl, env))[0]) == expected
+    wait_for_counts(server, 3, {"released": 2, "lost": 1})
+    assert counts(parse(served_metrics(server))[0]) == expected
