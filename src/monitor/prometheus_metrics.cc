@@ -116,6 +116,17 @@ std::string metrics_text(const PoolStatus& status, const QueueStatus& queue,
                    "Compute processes on the leased GPU outside the lease's process tree.");
   Family intruder("gpulock_intruder_info", "gauge",
                   "1 for each process running on a GPU leased to someone else's lease.");
+  Family shared_jobs("gpulock_gpu_shared_jobs", "gauge",
+                     "Shared leases (by memory) holding the GPU; GPUs in shared use only.");
+  Family shared_reserved("gpulock_gpu_shared_reserved_bytes", "gauge",
+                         "GPU memory the shared leases on the GPU reserve, in all.");
+  Family shared_unreserved("gpulock_gpu_shared_unreserved_bytes", "gauge",
+                           "GPU memory left for further shared leases: total less reservations and "
+                           "shared_memory_reserve.");
+  Family lease_reserved("gpulock_shared_lease_reserved_bytes", "gauge",
+                        "GPU memory a shared lease reserves on the GPU.");
+  Family lease_over("gpulock_shared_lease_over_reservation", "gauge",
+                    "1 if the shared lease's processes use more GPU memory than it reserved.");
   Family user_gpus("gpulock_user_gpus_held", "gauge", "GPUs each user holds.");
   Family queue_length("gpulock_queue_length", "gauge", "Requests waiting in the queue.");
   Family user_waiting("gpulock_queue_waiting_requests", "gauge", "Waiting requests per user.");
@@ -140,6 +151,22 @@ std::string metrics_text(const PoolStatus& status, const QueueStatus& queue,
     if (d.memory_used_bytes) memory_used.add(labels, static_cast<double>(*d.memory_used_bytes));
     if (d.memory_total_bytes) memory_total.add(labels, static_cast<double>(*d.memory_total_bytes));
     if (d.power_draw_watts) power.add(labels, *d.power_draw_watts);
+    if (gpu.shared) {
+      const SharedUse& use = *gpu.shared;
+      shared_jobs.add(labels, use.jobs);
+      shared_reserved.add(labels, static_cast<double>(use.reserved_bytes));
+      if (d.memory_total_bytes) {
+        const std::uint64_t kept = use.reserved_bytes + use.reserve_bytes;
+        shared_unreserved.add(
+            labels,
+            static_cast<double>(*d.memory_total_bytes > kept ? *d.memory_total_bytes - kept : 0));
+      }
+      for (const auto& h : use.leases) {
+        const Labels of_lease = with(with(labels, "user", h.user), "lease_id", h.lease_id);
+        lease_reserved.add(of_lease, static_cast<double>(h.memory_bytes.value_or(0)));
+        lease_over.add(of_lease, h.over_reservation ? 1 : 0);
+      }
+    }
     if (gpu.state != GpuState::kLeased || !gpu.holder) continue;
     const HolderInfo& h = *gpu.holder;
     ++gpus_per_user[h.user];
@@ -188,10 +215,30 @@ std::string metrics_text(const PoolStatus& status, const QueueStatus& queue,
   taken.add({}, now);
 
   std::string text;
-  for (const Family* family :
-       {&info, &state, &lease, &held, &utilization, &memory_used, &memory_total, &power, &idle,
-        &idle_seconds, &intruders, &intruder, &user_gpus, &queue_length, &user_waiting,
-        &user_gpus_wanted, &user_wait, &idle_after, &taken})
+  for (const Family* family : {&info,
+                               &state,
+                               &lease,
+                               &held,
+                               &utilization,
+                               &memory_used,
+                               &memory_total,
+                               &power,
+                               &shared_jobs,
+                               &shared_reserved,
+                               &shared_unreserved,
+                               &lease_reserved,
+                               &lease_over,
+                               &idle,
+                               &idle_seconds,
+                               &intruders,
+                               &intruder,
+                               &user_gpus,
+                               &queue_length,
+                               &user_waiting,
+                               &user_gpus_wanted,
+                               &user_wait,
+                               &idle_after,
+                               &taken})
     text += family->text();
   if (lease_counts) text += lease_count_text(*lease_counts);
   return text;
