@@ -315,7 +315,7 @@ JournalContents FileJournal::read_appended(JournalCursor& cursor, bool& whole) {
     const auto known = cursor.offsets.find(key);
     std::uint64_t offset = known == cursor.offsets.end() ? 0 : known->second;
     const auto size = static_cast<std::uint64_t>(st.st_size);
-    if (size < offset) offset = 0;  // not ours to shrink; read what is there now
+    if (size < offset) offset = 0;  // its owner cut it (journals only grow): read it anew
     if (size - offset > kMaxReadBytes) {
       contents.warnings.push_back(fmt::format("{}: skipped: larger than 1 GiB", file));
       offsets[key] = size;
