@@ -118,7 +118,8 @@ LeaseCounts count_leases(const std::vector<UsageLease>& leases);
 
 // Keeps lease counts up to date for a long-running reader (`gpulock serve`): each
 // GpuPool::follow_lease_counts() reads only what the journal gained since the last one (the
-// local journal; the Redis journal, a capped stream, is read whole each time). Its counts only
+// local journal; the Redis journal, a capped stream, is read whole each time and counted
+// afresh, so those counts drop when the stream is trimmed). On the local journal its counts only
 // grow. A start with no end whose lease is not held at two readings in a row counts as
 // "holder_died" (nothing is written to the journal); an end read after that is not counted again.
 class LeaseCountFollower {
