@@ -6,11 +6,30 @@
 #include "backend/lease_backend.h"
 #include "backend/lease_state.h"
 #include "gpulock/error.hpp"
+#include "journal/lease_counts.h"
 #include "journal/lease_journal.h"
 #include "open_backend.h"
 #include "util/unix_time.h"
 
 namespace gpulock {
+namespace {
+
+// The leases that hold GPUs now, as a journal reader needs them (journal/lease_journal.h).
+LiveLeases live_leases(LeaseBackend& backend) {
+  const PoolStatus status = backend.pool_status();
+  LiveLeases live;
+  if (backend.name() == "file") live.host = status.host;
+  for (const auto& gpu : status.gpus) {
+    if (gpu.state != GpuState::kLeased) continue;
+    if (gpu.holder)
+      live.lease_ids.insert(gpu.holder->lease_id);
+    else
+      live.unknown_gpus.insert(gpu.device.uuid);
+  }
+  return live;
+}
+
+}  // namespace
 
 GpuPool GpuPool::open(PoolOptions options) {
   return GpuPool(open_device_source(), std::move(options));
@@ -40,16 +59,7 @@ JournalContents GpuPool::journal() {
   // Read before the status: a start read here whose lease is not in the status has ended.
   JournalContents contents = journal->read();
   if (!contents.available) return contents;
-  const PoolStatus status = backend_->pool_status();
-  LiveLeases live;
-  if (backend_->name() == "file") live.host = status.host;
-  for (const auto& gpu : status.gpus) {
-    if (gpu.state != GpuState::kLeased) continue;
-    if (gpu.holder)
-      live.lease_ids.insert(gpu.holder->lease_id);
-    else
-      live.unknown_gpus.insert(gpu.device.uuid);
-  }
+  const LiveLeases live = live_leases(*backend_);
   infer_missing_ends(contents, live, *journal, unix_seconds(std::chrono::system_clock::now()));
   return contents;
 }
@@ -63,6 +73,36 @@ UsageReport GpuPool::usage(double since, double until, UsageGrouping grouping) {
     report.warnings.push_back("no usage journal at " + contents.location +
                               " (`gpulock init` makes it; docs/operations.md)");
   return report;
+}
+
+LeaseCounts GpuPool::lease_counts() {
+  try {
+    const JournalContents contents = journal();
+    if (!contents.available) {
+      LeaseCounts none;
+      none.problem = journal_missing_problem(contents.location);
+      return none;
+    }
+    return count_leases(pair_journal_records(contents.records));
+  } catch (const std::exception& e) {
+    LeaseCounts none;
+    none.problem = e.what();
+    return none;
+  }
+}
+
+const LeaseCounts& GpuPool::follow_lease_counts(LeaseCountFollower& follower) {
+  LeaseCountFollower::State& state = *follower.state_;
+  try {
+    // Read before the status: a start read here whose lease is not in the status has ended.
+    bool whole = false;
+    const JournalContents appended = backend_->journal()->read_appended(state.cursor, whole);
+    state.update(appended, whole, appended.available ? live_leases(*backend_) : LiveLeases{});
+  } catch (const std::exception& e) {
+    state.counts.available = false;
+    state.counts.problem = e.what();
+  }
+  return state.counts;
 }
 
 std::string GpuPool::journal_location() const {

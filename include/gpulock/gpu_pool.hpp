@@ -104,6 +104,12 @@ class GpuPool {
   JournalContents journal();
   // GPU-hours, leases and waits per group in [since, until) (seconds since the Unix epoch).
   UsageReport usage(double since, double until, UsageGrouping grouping);
+  // Lease starts and ends per user in the whole journal (read as journal() does). Never throws:
+  // a journal that cannot be read gives counts with available unset and the problem.
+  LeaseCounts lease_counts();
+  // Brings `follower` up to date with what the journal gained since its last reading (see
+  // LeaseCountFollower); never throws. Returns its counts.
+  const LeaseCounts& follow_lease_counts(LeaseCountFollower& follower);
   // Where the usage journal is kept, for people; "off" when it is turned off.
   std::string journal_location() const;
 

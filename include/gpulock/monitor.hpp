@@ -14,6 +14,7 @@
 
 #include "gpulock/queue.hpp"
 #include "gpulock/status.hpp"
+#include "gpulock/usage.hpp"
 
 namespace gpulock {
 
@@ -76,7 +77,10 @@ std::string describe_intruder(const Intruder& intruder);
 
 // The Prometheus text exposition format (version 0.0.4) of a status and the queue: per-GPU
 // state, holder, utilisation, memory, idle and intruders; queue length and waits per user.
-// Names and units: docs/operations.md, "Metrics".
-std::string metrics_text(const PoolStatus& status, const QueueStatus& queue);
+// Names and units: docs/operations.md, "Metrics". With `lease_counts`, also
+// gpulock_journal_up and the counters gpulock_leases_started_total{user} and
+// gpulock_leases_ended_total{user,how} (only while the journal could be read).
+std::string metrics_text(const PoolStatus& status, const QueueStatus& queue,
+                         const LeaseCounts* lease_counts = nullptr);
 
 }  // namespace gpulock

@@ -6,8 +6,12 @@
 // documents of `gpulock usage --json` and `gpulock log --json` are described in docs/json.md.
 #pragma once
 
+#include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gpulock {
@@ -99,6 +103,40 @@ UsageReport summarize_usage(const std::vector<UsageLease>& leases, double since,
 std::string usage_to_json(const UsageReport& report);
 std::string usage_to_csv(const UsageReport& report);
 std::string journal_to_json(const JournalContents& contents);
+
+// How many leases the journal saw start and end, for the metrics' counters
+// (gpulock_leases_started_total, gpulock_leases_ended_total).
+struct LeaseCounts {
+  bool available = false;  // the journal could be read; else `problem` says why not
+  std::string problem;
+  std::map<std::string, std::uint64_t> started;                     // per user
+  std::map<std::pair<std::string, LeaseEnd>, std::uint64_t> ended;  // per user and how
+};
+
+// Counts the leases of pair_journal_records() (available set).
+LeaseCounts count_leases(const std::vector<UsageLease>& leases);
+
+// Keeps lease counts up to date for a long-running reader (`gpulock serve`): each
+// GpuPool::follow_lease_counts() reads only what the journal gained since the last one (the
+// local journal; the Redis journal, a capped stream, is read whole each time and counted
+// afresh, so those counts drop when the stream is trimmed). On the local journal its counts only
+// grow. A start with no end whose lease is not held at two readings in a row counts as
+// "holder_died" (nothing is written to the journal); an end read after that is not counted again.
+class LeaseCountFollower {
+ public:
+  LeaseCountFollower();
+  ~LeaseCountFollower();
+  LeaseCountFollower(const LeaseCountFollower&) = delete;
+  LeaseCountFollower& operator=(const LeaseCountFollower&) = delete;
+
+  const LeaseCounts& counts() const;
+
+  struct State;  // private to the library
+
+ private:
+  friend class GpuPool;
+  std::unique_ptr<State> state_;
+};
 
 // "7d", "12h", "30m" (before now) or a date "2026-11-01" / "2026-11-01T08:00" (UTC) or
 // Unix seconds. Throws Error(kInvalidArgument) with what was wrong.

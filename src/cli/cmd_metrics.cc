@@ -1,6 +1,6 @@
-// `gpulock metrics [--output FILE]`: the Prometheus text format of the GPUs, the queue, idle GPUs
-// and intruders (gpulock/monitor.hpp), on stdout or written atomically to a file for
-// node_exporter's textfile collector.
+// `gpulock metrics [--output FILE]`: the Prometheus text format of the GPUs, the queue, idle GPUs,
+// intruders and the usage journal's lease counters (gpulock/monitor.hpp), on stdout or written
+// atomically to a file for node_exporter's textfile collector.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -65,7 +65,9 @@ void add_metrics_command(CLI::App& app, int* exit_status) {
     GpuPool pool = open_pool(*backend);
     PoolStatus status = *whole_pool ? pool.pool_status() : pool.status();
     IdleTracker(default_idle_record_path()).observe(status, pool.config().idle_after);
-    const std::string text = metrics_text(status, pool.queue());
+    // The whole journal, read once: this runs every 30 s or so (docs/operations.md, "Metrics").
+    const LeaseCounts counts = pool.lease_counts();
+    const std::string text = metrics_text(status, pool.queue(), &counts);
     if (output->empty()) {
       fmt::print("{}", text);
     } else {

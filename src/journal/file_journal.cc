@@ -61,6 +61,33 @@ std::optional<std::string> read_whole(int dir_fd, const std::string& name, std::
   return read_prefix(fd.get(), static_cast<std::size_t>(st.st_size));
 }
 
+// Parses the lines of `bytes` (a file's, `file` for warnings) into `contents`; a damaged line is
+// skipped with a warning.
+void add_records(std::string_view bytes, const std::string& file, unsigned owner,
+                 JournalContents& contents, std::uint64_t first_byte = 0) {
+  std::size_t begin = 0, line_number = 0;
+  std::string why;
+  while (begin < bytes.size()) {
+    ++line_number;
+    std::size_t end = bytes.find('\n', begin);
+    if (end == std::string::npos) end = bytes.size();  // a truncated last line
+    const std::string_view line(bytes.data() + begin, end - begin);
+    const std::size_t line_begin = begin;
+    begin = end + 1;
+    if (line.empty()) continue;
+    if (auto record = parse_journal_line(line, &why)) {
+      record->writer_uid = owner;
+      contents.records.push_back(std::move(*record));
+    } else if (first_byte == 0) {
+      contents.warnings.push_back(
+          fmt::format("{} line {}: damaged record skipped: {}", file, line_number, why));
+    } else {
+      contents.warnings.push_back(fmt::format("{} at byte {}: damaged record skipped: {}", file,
+                                              first_byte + line_begin, why));
+    }
+  }
+}
+
 }  // namespace
 
 std::string journal_directory(const std::string& configured, const std::filesystem::path& lock_dir,
@@ -239,23 +266,68 @@ JournalContents FileJournal::read() {
       contents.warnings.push_back(fmt::format("{}/{}: skipped: {}", contents.location, name, why));
       continue;
     }
-    std::size_t begin = 0, line_number = 0;
-    while (begin < bytes->size()) {
-      ++line_number;
-      std::size_t end = bytes->find('\n', begin);
-      if (end == std::string::npos) end = bytes->size();  // a truncated last line
-      const std::string_view line(bytes->data() + begin, end - begin);
-      begin = end + 1;
-      if (line.empty()) continue;
-      if (auto record = parse_journal_line(line, &why)) {
-        record->writer_uid = owner;
-        contents.records.push_back(std::move(*record));
-      } else {
-        contents.warnings.push_back(fmt::format("{}/{} line {}: damaged record skipped: {}",
-                                                contents.location, name, line_number, why));
-      }
-    }
+    add_records(*bytes, fmt::format("{}/{}", contents.location, name), owner, contents);
   }
+  std::stable_sort(contents.records.begin(), contents.records.end(),
+                   [](const JournalRecord& a, const JournalRecord& b) { return a.time < b.time; });
+  return contents;
+}
+
+JournalContents FileJournal::read_appended(JournalCursor& cursor, bool& whole) {
+  whole = false;
+  JournalContents contents;
+  contents.location = directory_.string();
+  UniqueFd dir = open_directory(directory_.string());
+  if (!dir) {
+    contents.available = false;
+    if (errno != ENOENT)
+      contents.warnings.push_back(errno_message("cannot read " + directory_.string(), errno));
+    return contents;
+  }
+  std::vector<std::string> names;
+  if (DIR* listing = ::fdopendir(::dup(dir.get()))) {
+    while (const dirent* entry = ::readdir(listing))
+      if (is_journal_file_name(entry->d_name)) names.emplace_back(entry->d_name);
+    ::closedir(listing);
+  }
+  std::sort(names.begin(), names.end());
+  decltype(cursor.offsets) offsets;  // only the files that are still there
+  for (const auto& name : names) {
+    const std::string file = fmt::format("{}/{}", contents.location, name);
+    UniqueFd fd(::openat(dir.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    struct stat st {};
+    if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      contents.warnings.push_back(
+          fmt::format("{}: skipped: {}", file, fd ? "not a regular file" : std::strerror(errno)));
+      continue;
+    }
+    const auto key = std::make_pair(static_cast<std::uint64_t>(st.st_dev),
+                                    static_cast<std::uint64_t>(st.st_ino));
+    const auto known = cursor.offsets.find(key);
+    std::uint64_t offset = known == cursor.offsets.end() ? 0 : known->second;
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    if (size < offset) offset = 0;  // its owner cut it (journals only grow): read it anew
+    if (size - offset > kMaxReadBytes) {
+      contents.warnings.push_back(fmt::format("{}: skipped: larger than 1 GiB", file));
+      offsets[key] = size;
+      continue;
+    }
+    std::string bytes(static_cast<std::size_t>(size - offset), '\0');
+    std::size_t got = 0;
+    while (got < bytes.size()) {
+      const ssize_t n = ::pread(fd.get(), bytes.data() + got, bytes.size() - got,
+                                static_cast<off_t>(offset + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    // Whole lines only: a line still being written is read next time.
+    const std::size_t last_newline = std::string_view(bytes.data(), got).rfind('\n');
+    const std::size_t whole_lines = last_newline == std::string::npos ? 0 : last_newline + 1;
+    add_records(std::string_view(bytes.data(), whole_lines), file, st.st_uid, contents, offset);
+    offsets[key] = offset + whole_lines;
+  }
+  cursor.offsets = std::move(offsets);
   std::stable_sort(contents.records.begin(), contents.records.end(),
                    [](const JournalRecord& a, const JournalRecord& b) { return a.time < b.time; });
   return contents;

@@ -37,6 +37,9 @@ class FileJournal final : public UsageJournal {
 
   void append(const JournalRecord& record) noexcept override;
   JournalContents read() override;
+  // Reads each file from where `cursor` left it, whole lines only (a line still being written
+  // waits for the next call): the cost is what was appended, not the journal's size.
+  JournalContents read_appended(JournalCursor& cursor, bool& whole) override;
   std::string location() const override { return directory_.string(); }
   void forget_descriptors() noexcept override;
 

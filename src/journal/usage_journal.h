@@ -6,11 +6,21 @@
 // a full disk, a server gone) costs the record, and the process says so once on stderr.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 
 #include "gpulock/usage.hpp"
 
 namespace gpulock {
+
+// Where a reader of the journal stopped, for UsageJournal::read_appended().
+struct JournalCursor {
+  // Local journal files by (device, inode), so a rotated file (renamed, never rewritten) keeps
+  // its place: the bytes of whole lines already read. Files gone from the directory are dropped.
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> offsets;
+};
 
 class UsageJournal {
  public:
@@ -20,6 +30,14 @@ class UsageJournal {
   // Every record kept, damaged ones skipped with a warning each. Throws Error(kEnvironment)
   // only where the backend cannot be asked at all (Redis unreachable).
   virtual JournalContents read() = 0;
+  // The records appended since the last call with `cursor` (all the first time), in time order.
+  // Sets `whole` where it returned every record kept instead, as this default does (the Redis
+  // stream is capped, so that costs no more than its cap): the reader then counts afresh.
+  virtual JournalContents read_appended(JournalCursor& cursor, bool& whole) {
+    (void)cursor;
+    whole = true;
+    return read();
+  }
   // In a forked child whose descriptors were closed wholesale (the detached holder): forget
   // this process's copies without closing them (their numbers may be reused); reopened on use.
   virtual void forget_descriptors() noexcept {}

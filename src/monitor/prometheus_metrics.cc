@@ -78,9 +78,31 @@ Labels with(Labels labels, const std::string& name, const std::string& value) {
   return labels;
 }
 
+// The journal's counters, or a comment saying why there are none (journal_up 0).
+std::string lease_count_text(const LeaseCounts& counts) {
+  Family up("gpulock_journal_up", "gauge",
+            "1 if the usage journal could be read for the lease counters, else 0.");
+  up.add({}, counts.available ? 1 : 0);
+  if (!counts.available) {
+    std::string why = counts.problem;
+    std::replace(why.begin(), why.end(), '\n', ' ');
+    return fmt::format("# gpulock: no lease counters: {}\n", why) + up.text();
+  }
+  Family started("gpulock_leases_started_total", "counter",
+                 "Leases started, per user, as the usage journal records them.");
+  Family ended("gpulock_leases_ended_total", "counter",
+               "Leases ended, per user and how (released, holder_died, lost).");
+  for (const auto& [user, n] : counts.started)
+    started.add({{"user", user}}, static_cast<double>(n));
+  for (const auto& [key, n] : counts.ended)
+    ended.add({{"user", key.first}, {"how", lease_end_name(key.second)}}, static_cast<double>(n));
+  return up.text() + started.text() + ended.text();
+}
+
 }  // namespace
 
-std::string metrics_text(const PoolStatus& status, const QueueStatus& queue) {
+std::string metrics_text(const PoolStatus& status, const QueueStatus& queue,
+                         const LeaseCounts* lease_counts) {
   const double now = unix_seconds(status.taken_at);
   Family info("gpulock_gpu_info", "gauge", "A GPU (or MIG instance) gpulock manages; always 1.");
   Family state("gpulock_gpu_state", "gauge",
@@ -101,6 +123,17 @@ std::string metrics_text(const PoolStatus& status, const QueueStatus& queue) {
                    "Compute processes on the leased GPU outside the lease's process tree.");
   Family intruder("gpulock_intruder_info", "gauge",
                   "1 for each process running on a GPU leased to someone else's lease.");
+  Family shared_jobs("gpulock_gpu_shared_jobs", "gauge",
+                     "Shared leases (by memory) holding the GPU; GPUs in shared use only.");
+  Family shared_reserved("gpulock_gpu_shared_reserved_bytes", "gauge",
+                         "GPU memory the shared leases on the GPU reserve, in all.");
+  Family shared_unreserved("gpulock_gpu_shared_unreserved_bytes", "gauge",
+                           "GPU memory left for further shared leases: total less reservations and "
+                           "shared_memory_reserve.");
+  Family lease_reserved("gpulock_shared_lease_reserved_bytes", "gauge",
+                        "GPU memory a shared lease reserves on the GPU.");
+  Family lease_over("gpulock_shared_lease_over_reservation", "gauge",
+                    "1 if the shared lease's processes use more GPU memory than it reserved.");
   Family user_gpus("gpulock_user_gpus_held", "gauge", "GPUs each user holds.");
   Family queue_length("gpulock_queue_length", "gauge", "Requests waiting in the queue.");
   Family user_waiting("gpulock_queue_waiting_requests", "gauge", "Waiting requests per user.");
@@ -125,6 +158,22 @@ std::string metrics_text(const PoolStatus& status, const QueueStatus& queue) {
     if (d.memory_used_bytes) memory_used.add(labels, static_cast<double>(*d.memory_used_bytes));
     if (d.memory_total_bytes) memory_total.add(labels, static_cast<double>(*d.memory_total_bytes));
     if (d.power_draw_watts) power.add(labels, *d.power_draw_watts);
+    if (gpu.shared) {
+      const SharedUse& use = *gpu.shared;
+      shared_jobs.add(labels, use.jobs);
+      shared_reserved.add(labels, static_cast<double>(use.reserved_bytes));
+      if (d.memory_total_bytes) {
+        const std::uint64_t kept = use.reserved_bytes + use.reserve_bytes;
+        shared_unreserved.add(
+            labels,
+            static_cast<double>(*d.memory_total_bytes > kept ? *d.memory_total_bytes - kept : 0));
+      }
+      for (const auto& h : use.leases) {
+        const Labels of_lease = with(with(labels, "user", h.user), "lease_id", h.lease_id);
+        lease_reserved.add(of_lease, static_cast<double>(h.memory_bytes.value_or(0)));
+        lease_over.add(of_lease, h.over_reservation ? 1 : 0);
+      }
+    }
     if (gpu.state != GpuState::kLeased || !gpu.holder) continue;
     const HolderInfo& h = *gpu.holder;
     ++gpus_per_user[h.user];
@@ -173,11 +222,32 @@ std::string metrics_text(const PoolStatus& status, const QueueStatus& queue) {
   taken.add({}, now);
 
   std::string text;
-  for (const Family* family :
-       {&info, &state, &lease, &held, &utilization, &memory_used, &memory_total, &power, &idle,
-        &idle_seconds, &intruders, &intruder, &user_gpus, &queue_length, &user_waiting,
-        &user_gpus_wanted, &user_wait, &idle_after, &taken})
+  for (const Family* family : {&info,
+                               &state,
+                               &lease,
+                               &held,
+                               &utilization,
+                               &memory_used,
+                               &memory_total,
+                               &power,
+                               &shared_jobs,
+                               &shared_reserved,
+                               &shared_unreserved,
+                               &lease_reserved,
+                               &lease_over,
+                               &idle,
+                               &idle_seconds,
+                               &intruders,
+                               &intruder,
+                               &user_gpus,
+                               &queue_length,
+                               &user_waiting,
+                               &user_gpus_wanted,
+                               &user_wait,
+                               &idle_after,
+                               &taken})
     text += family->text();
+  if (lease_counts) text += lease_count_text(*lease_counts);
   return text;
 }
 

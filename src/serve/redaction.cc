@@ -28,6 +28,8 @@ std::string program_name(const std::string& command_line) {
 void redact_commands(PoolStatus& status) {
   for (auto& gpu : status.gpus) {
     if (gpu.holder) gpu.holder->command = program_name(gpu.holder->command);
+    if (gpu.shared)
+      for (auto& lease : gpu.shared->leases) lease.command = program_name(lease.command);
     if (gpu.reserved_for) gpu.reserved_for->command = program_name(gpu.reserved_for->command);
   }
 }

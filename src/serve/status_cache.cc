@@ -6,6 +6,11 @@
 #include "serve/redaction.h"
 
 namespace gpulock::serve {
+namespace {
+
+constexpr std::chrono::seconds kLeaseCountInterval{5};
+
+}  // namespace
 
 StatusCache::StatusCache(GpuPool& pool, bool show_commands, std::chrono::milliseconds interval)
     : pool_(pool), show_commands_(show_commands), interval_(interval) {
@@ -39,7 +44,13 @@ std::shared_ptr<const Snapshot> StatusCache::read() {
     }
     snapshot->status_json = status_to_json(status);
     snapshot->queue_json = queue_to_json(queue);
-    snapshot->metrics = metrics_text(status, queue);
+    const auto now = std::chrono::steady_clock::now();
+    if (lease_counts_read_at_ == std::chrono::steady_clock::time_point{} ||
+        now - lease_counts_read_at_ >= kLeaseCountInterval) {
+      pool_.follow_lease_counts(lease_counts_);
+      lease_counts_read_at_ = now;
+    }
+    snapshot->metrics = metrics_text(status, queue, &lease_counts_.counts());
   } catch (const std::exception& e) {
     *snapshot = Snapshot{};
     snapshot->error = e.what();

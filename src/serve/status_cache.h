@@ -1,6 +1,8 @@
 // StatusCache: the documents `gpulock serve` answers with, refreshed by one background thread,
 // so that any number of dashboard clients cost one status reading per interval, not one each,
-// and idle GPUs are followed at a steady pace whether or not anyone is looking.
+// and idle GPUs are followed at a steady pace whether or not anyone is looking. The lease
+// counters of /metrics are kept incrementally: each reading of the usage journal costs what was
+// appended since the last one.
 #pragma once
 
 #include <chrono>
@@ -41,6 +43,10 @@ class StatusCache {
   const bool show_commands_;
   const std::chrono::milliseconds interval_;
   IdleTracker idle_tracker_;  // in memory: this process reads often enough on its own
+  // The lease counters, from what the journal gained since the last reading, which is taken
+  // at most once per kLeaseCountInterval (used by the refresher thread only).
+  LeaseCountFollower lease_counts_;
+  std::chrono::steady_clock::time_point lease_counts_read_at_{};
 
   mutable std::mutex mutex_;
   std::condition_variable stop_requested_;

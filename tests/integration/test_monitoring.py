@@ -227,7 +227,9 @@ def test_metrics_parse_and_match_what_the_test_set_up(gl):
     values, types = wait_until(idle_reported, what="gpulock_gpu_idle to be 1 for GPU 0")
 
     assert all(name.startswith("gpulock_") for name in types)
-    assert all(t == "gauge" for t in types.values())
+    # Gauges, but for the journal's lease counters (tests/integration/test_lease_counters.py).
+    counters = {"gpulock_leases_started", "gpulock_leases_ended"}
+    assert all(t == ("counter" if name in counters else "gauge") for name, t in types.items())
     state = find(values, "gpulock_gpu_state", gpu="0")
     assert {dict(k[1])["state"]: v for k, v in state.items()} == {
         "free": 0, "leased": 1, "busy": 0, "excluded": 0, "reserved": 0}

@@ -39,6 +39,31 @@ function bar(fraction, text) {
   return cell;
 }
 
+// A GPU held by shared leases (by memory): in the holder cell, what is reserved and what is
+// left, then one line per lease with its reservation (marked when it uses more); its labels; and
+// how long the oldest has held it.
+function appendShared(tr, shared, now) {
+  const n = shared.jobs;
+  const cell = el("td", null, { class: "holder shared" });
+  cell.appendChild(el("div", `shared by ${n} lease${n === 1 ? "" : "s"}: ` +
+                      `${gib(shared.reserved_bytes)} GiB reserved, ` +
+                      `${gib(shared.unreserved_bytes)} GiB free to reserve`,
+                      { class: "shared-summary" }));
+  for (const l of shared.leases) {
+    const over = l.over_reservation
+      ? ` OVER: uses ${gib(l.memory_used_bytes)} GiB` : "";
+    cell.appendChild(el("div", `${l.user} (${l.lease_id}) ${gib(l.memory_bytes)} GiB${over}`,
+                        { class: l.over_reservation ? "shared-lease over" : "shared-lease",
+                          "data-lease": l.lease_id, title: l.command }));
+  }
+  tr.appendChild(cell);
+  tr.appendChild(el("td", shared.leases.map((l) => l.label).filter((x) => x).join(", "),
+                    { class: "label" }));
+  const started = shared.leases.map((l) => l.started_at);
+  tr.appendChild(el("td", started.length ? duration(now - Math.min(...started)) : "",
+                    { class: "held" }));
+}
+
 function renderGpus(status) {
   const body = document.querySelector("#gpus tbody");
   const rows = [];
@@ -49,13 +74,18 @@ function renderGpus(status) {
     tr.appendChild(el("td", name, { title: g.uuid }));
     tr.appendChild(el("td", shownState + (g.idle ? " (idle)" : ""), { class: "state" }));
     const h = g.holder;
-    let holder = "";
-    if (h) holder = `${h.user} (${h.lease_id})`;
-    else if (g.reserved_for) holder = `reserved for ${g.reserved_for.user}`;
-    else if (g.note) holder = g.note;
-    tr.appendChild(el("td", holder, { class: "holder", title: h ? h.command : "" }));
-    tr.appendChild(el("td", h ? h.label : "", { class: "label" }));
-    tr.appendChild(el("td", h ? duration(h.held_seconds) : "", { class: "held" }));
+    if (g.shared) {
+      tr.setAttribute("data-shared", String(g.shared.jobs));
+      appendShared(tr, g.shared, status.taken_at);
+    } else {
+      let holder = "";
+      if (h) holder = `${h.user} (${h.lease_id})`;
+      else if (g.reserved_for) holder = `reserved for ${g.reserved_for.user}`;
+      else if (g.note) holder = g.note;
+      tr.appendChild(el("td", holder, { class: "holder", title: h ? h.command : "" }));
+      tr.appendChild(el("td", h ? h.label : "", { class: "label" }));
+      tr.appendChild(el("td", h ? duration(h.held_seconds) : "", { class: "held" }));
+    }
     const util = g.utilization_percent;
     tr.appendChild(util === null ? el("td", "?") : bar(util / 100, `${util}%`));
     if (g.memory_total_bytes)
