@@ -9,6 +9,7 @@ import os
 import pwd
 import re
 import shutil
+import subprocess
 import time
 
 import pytest
@@ -281,3 +282,40 @@ def test_metrics_output_file_is_replaced_whole(gl):
     missing = gl.run("metrics", "--output", gl.tmp / "no-such-dir" / "x.prom")
     assert missing.returncode == 69
     assert "cannot write" in missing.stderr
+
+
+def test_metrics_pass_promtool_check(gl):
+    """Prometheus's own linter (`promtool check metrics`, Debian's prometheus package) finds
+    nothing wrong with the metrics of a machine in use: an exclusive lease with a label that
+    needs escaping, a shared lease, a waiting request, the journal's lease counters, an idle
+    GPU and an intruder."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (scripts/install-deps installs prometheus)")
+    gpus = fake_gpus(3, {0: {"utilization": 0, "memory_used": "3G"}})
+    path = gl.write_fake_gpus(gpus)
+    env = gl.env(fake=path, GPULOCK_CONFIG=config(gl, 'idle_after = "1s"\n'))
+    finished = gl.run("run", "-n", "1", "--", "true", env=env)
+    assert finished.returncode == 0, finished.stderr
+    holder, _ = gl.hold("--gpus", "0", env=env, label='say "hi" \\ bye\n')
+    shared = gl.spawn("run", "--gpus", "1", "--mem", "4G", "--", "sleep", "600", env=env)
+    intruder = gl.sleeper()
+    gpus[0]["processes"] = [{"pid": intruder.popen.pid, "used_memory": "1G"}]
+    gl.write_fake_gpus(gpus)
+    waiter = gl.spawn("run", "--gpus", "0", "--", "true", env=env)
+    wait_until(lambda: len(json.loads(gl.run("queue", "--json", env=env).stdout)["waiting"]) == 1,
+               what="the request to wait")
+    wait_until(lambda: json.loads(gl.run("status", "--json", env=env).stdout)["gpus"][1]["shared"],
+               what="the shared lease")
+
+    def idle_reported():
+        text = metrics(gl, env)
+        return text if re.search(r'^gpulock_gpu_idle\{[^}]*gpu="0"[^}]*\} 1$', text, re.M) else None
+    text = wait_until(idle_reported, what="GPU 0 reported idle")
+    for family in ("gpulock_leases_started_total", "gpulock_gpu_shared_jobs",
+                   "gpulock_intruder_info", "gpulock_queue_length"):
+        assert family in text, family
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                             text=True, timeout=SHORT_HANG)
+    assert (checked.returncode, checked.stdout + checked.stderr) == (0, ""), text
+    assert holder.alive() and shared.alive() and waiter.alive()
