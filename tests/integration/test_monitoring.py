@@ -291,7 +291,9 @@ def test_metrics_pass_promtool_check(gl):
     GPU and an intruder."""
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool is not installed (scripts/install-deps installs prometheus)")
+        # Not a test dependency: Debian's prometheus package, which has it, also enables and
+        # starts a Prometheus server on the machine it is installed on.
+        pytest.skip("promtool is not installed (Debian: `apt install prometheus`)")
     gpus = fake_gpus(3, {0: {"utilization": 0, "memory_used": "3G"}})
     path = gl.write_fake_gpus(gpus)
     env = gl.env(fake=path, GPULOCK_CONFIG=config(gl, 'idle_after = "1s"\n'))
