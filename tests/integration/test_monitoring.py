@@ -301,14 +301,15 @@ def test_metrics_pass_promtool_check(gl):
     assert finished.returncode == 0, finished.stderr
     holder, _ = gl.hold("--gpus", "0", env=env, label='say "hi" \\ bye\n')
     shared = gl.spawn("run", "--gpus", "1", "--mem", "4G", "--", "sleep", "600", env=env)
+    # The shared lease first: no shared lease starts while a whole-GPU request waits.
+    wait_until(lambda: json.loads(gl.run("status", "--json", env=env).stdout)["gpus"][1]["shared"],
+               what="the shared lease")
     intruder = gl.sleeper()
     gpus[0]["processes"] = [{"pid": intruder.popen.pid, "used_memory": "1G"}]
     gl.write_fake_gpus(gpus)
     waiter = gl.spawn("run", "--gpus", "0", "--", "true", env=env)
     wait_until(lambda: len(json.loads(gl.run("queue", "--json", env=env).stdout)["waiting"]) == 1,
                what="the request to wait")
-    wait_until(lambda: json.loads(gl.run("status", "--json", env=env).stdout)["gpus"][1]["shared"],
-               what="the shared lease")
 
     def idle_reported():
         text = metrics(gl, env)
