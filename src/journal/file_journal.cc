@@ -241,23 +241,30 @@ void FileJournal::prepare() const {
     throw Error(ErrorCode::kEnvironment, errno_message("chmod " + path, errno));
 }
 
-JournalContents FileJournal::read() {
-  JournalContents contents;
+UniqueFd FileJournal::open_for_reading(JournalContents& contents,
+                                       std::vector<std::string>& names) const {
   contents.location = directory_.string();
   UniqueFd dir = open_directory(directory_.string());
   if (!dir) {
     contents.available = false;
     if (errno != ENOENT)
       contents.warnings.push_back(errno_message("cannot read " + directory_.string(), errno));
-    return contents;
+    return dir;
   }
-  std::vector<std::string> names;
   if (DIR* listing = ::fdopendir(::dup(dir.get()))) {
     while (const dirent* entry = ::readdir(listing))
       if (is_journal_file_name(entry->d_name)) names.emplace_back(entry->d_name);
     ::closedir(listing);
   }
   std::sort(names.begin(), names.end());
+  return dir;
+}
+
+JournalContents FileJournal::read() {
+  JournalContents contents;
+  std::vector<std::string> names;
+  const UniqueFd dir = open_for_reading(contents, names);
+  if (!dir) return contents;
   for (const auto& name : names) {
     std::string why;
     unsigned owner = 0;
@@ -276,21 +283,9 @@ JournalContents FileJournal::read() {
 JournalContents FileJournal::read_appended(JournalCursor& cursor, bool& whole) {
   whole = false;
   JournalContents contents;
-  contents.location = directory_.string();
-  UniqueFd dir = open_directory(directory_.string());
-  if (!dir) {
-    contents.available = false;
-    if (errno != ENOENT)
-      contents.warnings.push_back(errno_message("cannot read " + directory_.string(), errno));
-    return contents;
-  }
   std::vector<std::string> names;
-  if (DIR* listing = ::fdopendir(::dup(dir.get()))) {
-    while (const dirent* entry = ::readdir(listing))
-      if (is_journal_file_name(entry->d_name)) names.emplace_back(entry->d_name);
-    ::closedir(listing);
-  }
-  std::sort(names.begin(), names.end());
+  const UniqueFd dir = open_for_reading(contents, names);
+  if (!dir) return contents;
   decltype(cursor.offsets) offsets;  // only the files that are still there
   for (const auto& name : names) {
     const std::string file = fmt::format("{}/{}", contents.location, name);

@@ -53,6 +53,9 @@ class FileJournal final : public UsageJournal {
   // Renames our file away when it is past max_file_bytes. REQUIRES: mutex_ held, file_ open.
   void rotate_if_full();
   void warn_once(const std::string& what) noexcept;
+  // The directory, open, with its journal files' names in `names` (sorted); an invalid fd when
+  // it cannot be read, `contents` then saying so (location, available, a warning).
+  UniqueFd open_for_reading(JournalContents& contents, std::vector<std::string>& names) const;
 
   const std::filesystem::path directory_;
   const std::uint64_t max_file_bytes_;

@@ -48,10 +48,6 @@ constexpr std::size_t kDispatchers = 3;
 // a GPU on quickly when the oldest waiter is stopped.
 constexpr std::chrono::milliseconds kBackupDelay{20};
 
-// Others hold the machine-wide acquire mutex for microseconds. Even a request that does not
-// wait gets this long before it concludes that something is wrong with the mutex's holder.
-constexpr auto kAcquireMutexGrace = std::chrono::seconds(2);
-
 }  // namespace
 
 std::optional<Lease> LocalBackend::try_lock(const std::vector<const Device*>& chosen,
@@ -209,16 +205,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         recheck_cheaply && planned && ticket && !waiting_limits && every_gpu_held(devices);
     recheck_cheaply = false;
     if (!skip_plan) {
-      std::lock_guard<std::mutex> guard(acquire_mutex_);
-      if (!acquire_mutex_fd_) {
-        acquire_mutex_fd_ = dir_.open_acquire_mutex();
-        reopen_in_forked_child(acquire_mutex_fd_.get(), dir_.fd(), ".acquire.lock");
-      }
-      take_acquire_mutex(std::max(deadline, start + kAcquireMutexGrace));
-      struct Unlocker {
-        int fd;
-        ~Unlocker() { unlock(fd); }
-      } unlocker{acquire_mutex_fd_.get()};
+      const AcquireMutexHold held = hold_acquire_mutex(deadline, start);
 
       // The ring watcher learnt that the waiter before it ended: its slot goes now.
       if (watched_gone) {

@@ -35,7 +35,6 @@ using Clock = std::chrono::steady_clock;
 
 // Memory used outside gpulock (and the admin's reserve) can change without any event.
 constexpr std::chrono::milliseconds kSharedRecheck{1000};
-constexpr auto kAcquireMutexGrace = std::chrono::seconds(2);
 
 // The units a request wants on a GPU of `total_units`.
 off_t wanted_units(const LeaseRequest& request, off_t total_units) {
@@ -97,16 +96,7 @@ Lease LocalBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
 
     std::string blocked_by;
     {
-      std::lock_guard<std::mutex> guard(acquire_mutex_);
-      if (!acquire_mutex_fd_) {
-        acquire_mutex_fd_ = dir_.open_acquire_mutex();
-        reopen_in_forked_child(acquire_mutex_fd_.get(), dir_.fd(), ".acquire.lock");
-      }
-      take_acquire_mutex(std::max(deadline, start + kAcquireMutexGrace));
-      struct Unlocker {
-        int fd;
-        ~Unlocker() { unlock(fd); }
-      } unlocker{acquire_mutex_fd_.get()};
+      const AcquireMutexHold held = hold_acquire_mutex(deadline, start);
 
       // The index's slots are only claims: a waiter that died leaves its slot until someone
       // finds it dead. Check each (one fcntl) and clear the dead, so that a dead slot cannot

@@ -25,6 +25,22 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
+LocalBackend::AcquireMutexHold::~AcquireMutexHold() {
+  unlock(fd_);
+}
+
+LocalBackend::AcquireMutexHold LocalBackend::hold_acquire_mutex(Clock::time_point deadline,
+                                                                Clock::time_point start) {
+  constexpr auto kAcquireMutexGrace = std::chrono::seconds(2);
+  std::unique_lock<std::mutex> threads(acquire_mutex_);
+  if (!acquire_mutex_fd_) {
+    acquire_mutex_fd_ = dir_.open_acquire_mutex();
+    reopen_in_forked_child(acquire_mutex_fd_.get(), dir_.fd(), ".acquire.lock");
+  }
+  take_acquire_mutex(std::max(deadline, start + kAcquireMutexGrace));
+  return AcquireMutexHold(std::move(threads), acquire_mutex_fd_.get());
+}
+
 void LocalBackend::take_acquire_mutex(Clock::time_point give_up) {
   // Polled rather than blocking (F_OFD_SETLKW), so that a process stopped inside its critical
   // section, or one holding the 0666 mutex file's lock on purpose, cannot hang every request:

@@ -87,7 +87,26 @@ class LocalBackend final : public LeaseBackend {
   // The user name of a uid, cached: planning asks for it often.
   const std::string& user_of(uid_t uid);
 
-  // Locks the machine-wide acquire mutex, or throws kTimedOut at `give_up`.
+  // The machine-wide acquire mutex held, by this thread against this process's others and by
+  // this process against every other, for the object's lifetime.
+  class AcquireMutexHold {
+   public:
+    AcquireMutexHold(std::unique_lock<std::mutex> threads, int fd)
+        : threads_(std::move(threads)), fd_(fd) {}
+    ~AcquireMutexHold();  // drops the file's lock, then (members) the threads' mutex
+    AcquireMutexHold(const AcquireMutexHold&) = delete;
+    AcquireMutexHold& operator=(const AcquireMutexHold&) = delete;
+
+   private:
+    std::unique_lock<std::mutex> threads_;
+    int fd_;
+  };
+  // Takes the acquire mutex (opening its file on first use), or throws kTimedOut at `deadline`,
+  // though never before kAcquireMutexGrace after `start`: others hold it for microseconds, and
+  // even a request that does not wait gets that long before it blames the mutex's holder.
+  AcquireMutexHold hold_acquire_mutex(std::chrono::steady_clock::time_point deadline,
+                                      std::chrono::steady_clock::time_point start);
+  // Locks the mutex file, or throws kTimedOut at `give_up`.
   // REQUIRES: acquire_mutex_ held, acquire_mutex_fd_ open.
   void take_acquire_mutex(std::chrono::steady_clock::time_point give_up);
 
