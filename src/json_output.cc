@@ -70,6 +70,16 @@ json queue_entry_json(const QueueEntry& e) {
           {"blocked_by", e.blocked_by}};
 }
 
+// What shared leases hold of a GPU's memory (without the leases themselves).
+json shared_memory_json(const GpuStatus& g) {
+  const std::uint64_t total = g.device.memory_total_bytes.value_or(0);
+  const std::uint64_t kept = g.shared->reserved_bytes + g.shared->reserve_bytes;
+  return {{"jobs", g.shared->jobs},
+          {"reserved_bytes", g.shared->reserved_bytes},
+          {"admin_reserve_bytes", g.shared->reserve_bytes},
+          {"unreserved_bytes", total > kept ? total - kept : 0}};
+}
+
 std::string dump(const json& j) {
   return j.dump(2, ' ', false, json::error_handler_t::replace);
 }
@@ -118,13 +128,8 @@ std::string status_to_json(const PoolStatus& status) {
         lease["over_reservation"] = h.over_reservation;
         leases.push_back(std::move(lease));
       }
-      const std::uint64_t total = g.device.memory_total_bytes.value_or(0);
-      const std::uint64_t kept = g.shared->reserved_bytes + g.shared->reserve_bytes;
-      entry["shared"] = {{"jobs", g.shared->jobs},
-                         {"reserved_bytes", g.shared->reserved_bytes},
-                         {"admin_reserve_bytes", g.shared->reserve_bytes},
-                         {"unreserved_bytes", total > kept ? total - kept : 0},
-                         {"leases", leases}};
+      entry["shared"] = shared_memory_json(g);
+      entry["shared"]["leases"] = std::move(leases);
     }
     gpus.push_back(std::move(entry));
   }
@@ -167,9 +172,23 @@ std::string queue_to_json(const QueueStatus& queue) {
 }
 
 std::string devices_to_json(const std::vector<Device>& devices, const std::string& device_source,
-                            bool simulated) {
+                            bool simulated, const PoolStatus* leases) {
   json list = json::array();
-  for (const auto& d : devices) list.push_back(device_json(d));
+  for (const auto& d : devices) {
+    json entry = device_json(d);
+    // The GPU's lease state and what shared leases hold of it, from the pool's view (null when
+    // not known).
+    entry["state"] = nullptr;
+    entry["shared"] = nullptr;
+    if (leases) {
+      for (const GpuStatus& g : leases->gpus) {
+        if (g.device.uuid != d.uuid) continue;
+        entry["state"] = gpu_state_name(g.state);
+        if (g.shared) entry["shared"] = shared_memory_json(g);
+      }
+    }
+    list.push_back(std::move(entry));
+  }
   return dump({{"schema_version", kJsonSchemaVersion},
                {"device_source", device_source},
                {"simulated", simulated},

@@ -20,7 +20,9 @@ std::string status_to_json(const PoolStatus& status);
 // `gpulock queue --json`.
 std::string queue_to_json(const QueueStatus& queue);
 
+// `gpulock gpus --json`. With `leases` (the pool's status of these GPUs), each GPU also says
+// its lease state and what shared leases hold of its memory.
 std::string devices_to_json(const std::vector<Device>& devices, const std::string& device_source,
-                            bool simulated);
+                            bool simulated, const PoolStatus* leases = nullptr);
 
 }  // namespace gpulock

@@ -83,6 +83,30 @@ def test_metrics_show_shared_use_and_over_reservation(gl):
     assert "secret-argument" not in json.dumps(served)
 
 
+def test_gpus_shows_what_shared_leases_reserve(gl):
+    env, _ = shared_world(gl)
+    result = gl.run("gpus", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    gpu = json.loads(result.stdout)["gpus"][0]
+    assert gpu["state"] == "leased"
+    assert gpu["shared"] == {"jobs": 2, "reserved_bytes": 30 * GIB,
+                             "admin_reserve_bytes": 5 * GIB,
+                             "unreserved_bytes": (80 - 30 - 5) * GIB}
+    text = gl.run("gpus", env=env)
+    assert text.returncode == 0, text.stderr
+    row = [line for line in text.stdout.splitlines() if line.startswith("0 ")]
+    assert len(row) == 1 and "2 jobs, 30.0 GiB reserved, 45.0 GiB left" in row[0], text.stdout
+
+
+def test_gpus_lists_the_devices_when_the_lease_states_cannot_be_read(gl):
+    env = gl.env(GPULOCK_BACKEND="redis://127.0.0.1:1/0")  # nobody listens there
+    result = gl.run("gpus", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "lease states unknown" in result.stderr
+    gpus = json.loads(result.stdout)["gpus"]
+    assert len(gpus) == 4 and all(g["state"] is None and g["shared"] is None for g in gpus)
+
+
 def test_dashboard_shows_a_gpu_in_shared_use(gl, browser):  # noqa: F811
     env, leases = shared_world(gl)
     server = start_serve(gl, env)
