@@ -38,6 +38,7 @@ add_custom_target(gpulock_compressed_docs ALL DEPENDS "${gpulock_manual}" "${gpu
 
 # The command, its manual and completions.
 install(TARGETS gpulock_cli RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
+install(TARGETS gpulock_serve_cli RUNTIME DESTINATION "${CMAKE_INSTALL_LIBEXECDIR}/gpulock")
 install(FILES "${gpulock_manual}" DESTINATION "${CMAKE_INSTALL_MANDIR}/man1")
 install(FILES contrib/completion/gpulock.bash DESTINATION "${CMAKE_INSTALL_DATADIR}/bash-completion/completions"
         RENAME gpulock)

@@ -72,6 +72,13 @@ WaitHooks make_wait_display(const std::string& what);
 // Leases GPUs as the options ask, with the wait display and the simulated-GPU note.
 Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::string& command);
 
+// `gpulock serve`, its options parsed: in gpulock, runs the gpulock-serve program with the
+// same arguments (serve_exec.cc); in gpulock-serve, runs the server (serve_run.cc).
+void run_serve(const std::string& listen, const std::string& backend, int* exit_status);
+
+// The command line as main() received it (argv), for gpulock serve to pass on.
+inline std::vector<std::string> command_line;
+
 // Set by main() when gpulock started with its standard output closed.
 inline bool stdout_was_closed = false;
 

@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   // Write errors on a closed pipe become EPIPE, reported below, instead of killing gpulock
   // midway (e.g. after `acquire` has started its holder). Commands get SIGPIPE back (run.hpp).
   ::signal(SIGPIPE, SIG_IGN);
+  cli::command_line.assign(argv, argv + argc);
   CLI::App app{"gpulock: exclusive GPU leases that never go stale", "gpulock"};
   app.require_subcommand(1);
   app.fallthrough(false);

@@ -12,6 +12,7 @@ import re
 import shutil
 import stat
 import subprocess
+import urllib.request
 
 import pytest
 
@@ -96,6 +97,7 @@ def test_holds_every_part_in_its_debian_place(deb):
     files = contents(deb)
     expected = {
         "/usr/bin/gpulock",
+        "/usr/libexec/gpulock/gpulock-serve",
         "/usr/share/man/man1/gpulock.1.gz",
         "/usr/share/bash-completion/completions/gpulock",
         "/usr/share/zsh/vendor-completions/_gpulock",
@@ -210,6 +212,27 @@ def test_installed_command_runs(root, tmp_path):
     assert result.stdout == "0,1\n"
     doc = json.loads(run([gpulock, "status", "--json"], env=env).stdout)
     assert [g["state"] for g in doc["gpus"]] == ["free", "free"]
+
+
+def test_installed_serve_runs_its_server_program(root, tmp_path):
+    """`gpulock serve` runs /usr/libexec/gpulock/gpulock-serve (the only program linking the HTTP
+    library): the installed command finds it, and the server answers."""
+    env = installed_env(root, tmp_path)
+    server = subprocess.Popen([root / "usr/bin/gpulock", "serve", "--listen", "127.0.0.1:0"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        line = server.stderr.readline()
+        match = re.search(r"listening on http://127\.0\.0\.1:(\d+)/", line)
+        assert match, line + server.stderr.read() if server.poll() is not None else line
+        with urllib.request.urlopen("http://127.0.0.1:%s/api/status" % match.group(1),
+                                    timeout=HANG) as reply:
+            assert json.loads(reply.read())["gpus"]
+        assert "libcpp-httplib" not in run(["ldd", root / "usr/bin/gpulock"]).stdout
+    finally:
+        server.terminate()
+        server.wait(timeout=HANG)
+        server.stderr.close()
 
 
 def test_installed_man_page_renders(root):
