@@ -62,6 +62,8 @@ JournalRecord record(int n) {
   r.lease_id = "lease" + std::to_string(n);
   r.time = 1000 + n;
   r.user = "root";
+  r.host = "node";
+  r.gpus.push_back(JournalGpu{"GPU-1", 0});
   r.label = std::string(100, 'x');
   return r;
 }
@@ -116,7 +118,7 @@ TEST(JournalSeal, SealedFileTakesAppendsOnlyAndItsWriterLeavesRotationToRoot) {
   for (int n = 41; n <= 140; ++n) journal.append(record(n));
   EXPECT_GT(fs::file_size(own), 0u);
   const JournalContents contents = journal.read();
-  EXPECT_TRUE(contents.warnings.empty());
+  EXPECT_TRUE(contents.warnings.empty()) << contents.warnings.front();
   EXPECT_EQ(contents.records.size(), 141u);
 }
 
