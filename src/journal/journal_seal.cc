@@ -18,6 +18,7 @@
 
 #include "gpulock/error.hpp"
 #include "journal/file_journal.h"
+#include "journal/journal_rewriters.h"
 #include "util/fd.h"
 #include "util/random_id.h"
 
@@ -208,6 +209,9 @@ JournalSealReport seal_journal_directory(const std::filesystem::path& directory,
       report.unsupported_reason = std::strerror(error);
     }
   }
+  // The seal does not bind a descriptor opened for writing before it: name those who hold one.
+  if (report.supported)
+    for (auto& line : find_journal_rewriters(dir.get())) report.problems.push_back(std::move(line));
   return report;
 }
 

@@ -36,7 +36,9 @@ int set_sealed(int fd, bool sealed) noexcept;
 // says ("usage-<uid>.log", "usage-<uid>-<...>.log"; anything else is left alone and reported),
 // and rotates each current file ("usage-<uid>.log") at or past `max_file_bytes`: renamed to
 // "usage-<uid>-<time>-<id>.log" and sealed again, a new current file made for the user (owned by
-// them, mode 0644, sealed). Fixes the mode of a file that is not 0644. Throws
+// them, mode 0644, sealed). Fixes the mode of a file that is not 0644. Processes holding a
+// journal file open for writing without O_APPEND are reported as problems
+// (journal/journal_rewriters.h). Throws
 // Error(kPermissionDenied) when not root, Error(kEnvironment) when the directory cannot be opened.
 JournalSealReport seal_journal_directory(const std::filesystem::path& directory,
                                          std::uint64_t max_file_bytes);

@@ -22,7 +22,7 @@ import subprocess
 
 import pytest
 
-from conftest import HANG
+from conftest import HANG, wait_until
 
 FS_IOC_GETFLAGS = 0x80086601  # _IOR('f', 1, long) on 64-bit Linux; the argument is an int
 FS_IOC_SETFLAGS = 0x40086602
@@ -231,6 +231,37 @@ def test_doctor_names_unsealed_files(sealed_world):
     line = [l for l in doctor.stdout.splitlines() if "journal seal" in l]
     assert len(line) == 1 and line[0].startswith("ok"), doctor.stdout
     assert "1 file sealed append-only" in line[0]
+
+
+def test_a_descriptor_opened_before_the_seal_is_reported(sealed_world):
+    """The flag binds opens, not descriptors already open: one that a's process opened for
+    writing without O_APPEND before the seal could still overwrite the file, so `journal seal`
+    names the process and fails until it is gone."""
+    h = sealed_world
+    a, _ = h.users
+    assert h.run("init").returncode == 0
+    run_leases(h, a, 1, "x")
+    own = journal_file(h, a)
+    marker = h.tmp / "opened"
+    keeper = subprocess.Popen(
+        a.prefix() + ["/usr/bin/python3", "-c",
+                      "import os, sys, time\n"
+                      "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+                      "open(sys.argv[2], 'w').close()\n"
+                      "time.sleep(1000)\n", str(own), str(marker)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, cwd=h.tmp)
+    try:
+        wait_until(marker.exists, what="the descriptor to be opened")
+        result = h.run("journal", "seal")
+        assert result.returncode == 69, result.stderr
+        assert "pid %d (uid %d) holds it open for writing without O_APPEND" % (
+            keeper.pid, a.uid) in result.stderr, result.stderr
+        assert is_sealed(own)  # sealed all the same: new opens are bound
+    finally:
+        keeper.kill()
+        keeper.wait()
+    assert h.run("journal", "seal").returncode == 0
 
 
 def test_a_planted_file_is_left_alone(sealed_world):
