@@ -12,7 +12,6 @@ The flag is read by the test itself (the ioctl of lsattr), not asked of gpulock.
 root, and unless the test directory's file system lets a probe file be sealed.
 """
 
-import errno
 import fcntl
 import json
 import os
