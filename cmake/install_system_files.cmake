@@ -12,7 +12,7 @@ endif()
 file(INSTALL "${source_dir}/contrib/config.toml" DESTINATION "${config_dir}")
 
 foreach(unit_name gpulock-init.service gpulock-serve.service gpulock-metrics.service
-                  gpulock-metrics.timer)
+                  gpulock-metrics.timer gpulock-journal.service gpulock-journal.timer)
   file(READ "${source_dir}/contrib/systemd/${unit_name}" unit)
   string(REPLACE "/usr/local/bin/gpulock" "${CMAKE_INSTALL_PREFIX}/bin/gpulock" unit "${unit}")
   string(REPLACE "adjust the path of the gpulock binary" "ExecStart names the binary installed with this file" unit

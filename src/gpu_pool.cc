@@ -3,9 +3,12 @@
 
 #include <chrono>
 
+#include <fmt/format.h>
+
 #include "backend/lease_backend.h"
 #include "backend/lease_state.h"
 #include "gpulock/error.hpp"
+#include "journal/journal_seal.h"
 #include "journal/lease_counts.h"
 #include "journal/lease_journal.h"
 #include "open_backend.h"
@@ -107,6 +110,17 @@ const LeaseCounts& GpuPool::follow_lease_counts(LeaseCountFollower& follower) {
 
 std::string GpuPool::journal_location() const {
   return backend_->journal()->location();
+}
+JournalSealReport GpuPool::seal_journal() {
+  if (backend_->name() != "file")
+    throw Error(ErrorCode::kEnvironment, fmt::format("the {} backend keeps its journal in the "
+                                                     "pool: there are no files to seal",
+                                                     backend_->name()));
+  const std::string where = journal_location();
+  if (where == "off")
+    throw Error(ErrorCode::kEnvironment,
+                "the usage journal is off (journal_dir or GPULOCK_JOURNAL_DIR): nothing to seal");
+  return seal_journal_directory(where, backend_->config().journal_file_size);
 }
 PoolStatus GpuPool::status() {
   return backend_->status();

@@ -110,6 +110,10 @@ class GpuPool {
   // Brings `follower` up to date with what the journal gained since its last reading (see
   // LeaseCountFollower); never throws. Returns its counts.
   const LeaseCounts& follow_lease_counts(LeaseCountFollower& follower);
+  // Local backend, as root: seals the usage journal's files append-only and rotates those past
+  // journal_file_size (`gpulock journal seal`, from a timer). Throws Error(kPermissionDenied)
+  // when not root, Error(kEnvironment) when the journal is off, absent, or on Redis.
+  JournalSealReport seal_journal();
   // Where the usage journal is kept, for people; "off" when it is turned off.
   std::string journal_location() const;
 

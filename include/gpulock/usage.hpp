@@ -104,6 +104,18 @@ std::string usage_to_json(const UsageReport& report);
 std::string usage_to_csv(const UsageReport& report);
 std::string journal_to_json(const JournalContents& contents);
 
+// What sealing the local journal's files append-only did (GpuPool::seal_journal(), `gpulock
+// journal seal`; docs/operations.md, "Sealing the journal").
+struct JournalSealReport {
+  std::string location;               // the journal directory
+  bool supported = true;              // false: its file system has no append-only flag
+  std::string unsupported_reason;     // why not, where unsupported
+  std::vector<std::string> sealed;    // files sealed now
+  std::vector<std::string> rotated;   // "usage-1000.log -> usage-1000-<time>-<id>.log"
+  std::vector<std::string> problems;  // files left alone, or not sealed, and why
+  unsigned already_sealed = 0;
+};
+
 // How many leases the journal saw start and end, for the metrics' counters
 // (gpulock_leases_started_total, gpulock_leases_ended_total).
 struct LeaseCounts {

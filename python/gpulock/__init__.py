@@ -42,6 +42,7 @@ _LAZY = {
     "GpuProcess": "_views",
     "GpuStatus": "_views",
     "Holder": "_views",
+    "Intruder": "_views",
     "Queue": "_views",
     "QueueEntry": "_views",
     "Status": "_views",
@@ -53,7 +54,7 @@ __getattr__, __dir__ = lazy_attributes(__name__, globals(), _LAZY)
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names
     from ._machine import gpus, queue, release, status
-    from ._views import Gpu, GpuProcess, GpuStatus, Holder, Queue, QueueEntry, Status
+    from ._views import Gpu, GpuProcess, GpuStatus, Holder, Intruder, Queue, QueueEntry, Status
 
 __all__ = [
     "ConfigError",
@@ -64,6 +65,7 @@ __all__ = [
     "GpuStatus",
     "Holder",
     "InternalError",
+    "Intruder",
     "InvalidRequest",
     "Lease",
     "NotFound",

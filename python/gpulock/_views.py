@@ -110,15 +110,38 @@ class QueueEntry:
 
 
 @dataclass(frozen=True)
+class Intruder:
+    """A compute process on a leased GPU that the lease's process tree does not contain
+    (reported only; gpulock kills nothing)."""
+
+    pid: int
+    user: Optional[str] = None  # None when the process cannot be seen (another container)
+    used_memory_bytes: Optional[int] = None
+    host: str = ""
+    gpu: str = ""  # the GPU's display index
+    uuid: str = ""
+    lease_id: str = ""  # the lease holding the GPU
+    holder_user: str = ""  # who holds it
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "Intruder":
+        return _build(cls, data)
+
+
+@dataclass(frozen=True)
 class GpuStatus(Gpu):
     """A GPU with its state: "free", "leased", "busy" (processes of people not using gpulock)
-    or "excluded"."""
+    or "excluded". A leased GPU whose utilisation has read 0 % since ``idle_since`` (Unix
+    seconds) is ``idle`` once that lasted the config's ``idle_after``."""
 
     state: str = "free"
     note: Optional[str] = None
     lease_id: Optional[str] = None
     holder: Optional[Holder] = None
     reserved_for: Optional[QueueEntry] = None
+    idle: bool = False
+    idle_since: Optional[float] = None
+    idle_seconds: Optional[float] = None
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "GpuStatus":
@@ -146,6 +169,8 @@ class Status:
     warnings: List[str] = field(default_factory=list)
     queue_length: int = 0
     queue_policy: str = "fair-share"
+    idle_after_seconds: Optional[int] = None  # the config's idle_after
+    intruders: List[Intruder] = field(default_factory=list)
     schema_version: int = 1
 
     @classmethod
@@ -158,7 +183,13 @@ class Status:
             gpus=[GpuStatus.from_json(g) for g in data.get("gpus", [])],
             queue_length=queue.get("length", 0),
             queue_policy=queue.get("policy", "fair-share"),
+            intruders=[Intruder.from_json(i) for i in data.get("intruders", [])],
         )
+
+    @property
+    def idle(self) -> List[GpuStatus]:
+        """The leased GPUs that have sat at 0 % for at least idle_after."""
+        return [g for g in self.gpus if g.idle]
 
     @property
     def free(self) -> List[GpuStatus]:

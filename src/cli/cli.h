@@ -52,8 +52,12 @@ void add_init_command(CLI::App& app, int* exit_status);
 void add_doctor_command(CLI::App& app, int* exit_status);
 void add_metrics_command(CLI::App& app, int* exit_status);
 void add_serve_command(CLI::App& app, int* exit_status);
-void add_usage_command(CLI::App& app, int* exit_status);  // cmd_usage.cc
-void add_log_command(CLI::App& app, int* exit_status);    // cmd_usage.cc
+void add_usage_command(CLI::App& app, int* exit_status);    // cmd_usage.cc
+void add_log_command(CLI::App& app, int* exit_status);      // cmd_usage.cc
+void add_journal_command(CLI::App& app, int* exit_status);  // `journal seal`
+// Prints what sealing the journal did: files on stdout, problems as warnings on stderr. True
+// when every file is sealed (cmd_journal.cc).
+bool print_seal_report(const JournalSealReport& report);
 // The hidden `__complete` command of the shell completion scripts (cmd_complete.cc).
 void add_complete_command(CLI::App& app, int* exit_status);
 

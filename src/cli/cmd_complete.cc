@@ -160,8 +160,22 @@ Candidates candidates_for(CLI::App& app, const std::vector<std::string>& words) 
       out.push_back({c->get_name(), one_line(c->get_description())});
     return out;
   }
-  const std::vector<std::string> after(before.begin() + static_cast<std::ptrdiff_t>(i),
-                                       before.end());
+  std::vector<std::string> after(before.begin() + static_cast<std::ptrdiff_t>(i), before.end());
+  // A command of commands (`journal seal`): its words lead to the one named, else are offered.
+  while (!after.empty() && !visible_commands(*command).empty()) {
+    CLI::App* named = nullptr;
+    for (CLI::App* c : visible_commands(*command))
+      if (c->get_name() == after.front()) named = c;
+    if (named == nullptr) return {};
+    command = named;
+    after.erase(after.begin());
+  }
+  if (!visible_commands(*command).empty() && !current.starts_with("-")) {
+    Candidates out;
+    for (CLI::App* c : visible_commands(*command))
+      out.push_back({c->get_name(), one_line(c->get_description())});
+    return out;
+  }
   // After "--" comes the command `run` starts: the shell's own completion applies.
   if (std::find(after.begin(), after.end(), "--") != after.end()) return {};
   const std::string backend = backend_in(after);

@@ -1,5 +1,6 @@
 // `gpulock init`: make the lock directory and every GPU's lock file ready at boot (root-owned
-// when run as root), so that no user owns, and can delete, a lock file.
+// when run as root), so that no user owns, and can delete, a lock file; as root, seal the usage
+// journal's files append-only.
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -23,7 +24,22 @@ void add_init_command(CLI::App& app, int* exit_status) {
     pool.prepare();
     fmt::print("{}: lock files ready for {} GPUs{}\n", pool.lock_dir().string(),
                pool.devices().size(), ::geteuid() == 0 ? ", root-owned" : "");
-    fmt::print("usage journal: {}\n", pool.journal_location());
+    const std::string journal = pool.journal_location();
+    if (::geteuid() == 0 && journal != "off") {
+      // Root seals what users wrote before (`gpulock journal seal` keeps it so); a seal that
+      // fails costs only the guarantee, never the leases: warnings.
+      try {
+        const JournalSealReport report = pool.seal_journal();
+        print_seal_report(report);
+        fmt::print("usage journal: {}{}\n", journal,
+                   report.supported ? ", files sealed append-only" : "");
+      } catch (const Error& error) {
+        fmt::print(stderr, "gpulock: warning: {}\n", error.what());
+        fmt::print("usage journal: {}\n", journal);
+      }
+    } else {
+      fmt::print("usage journal: {}\n", journal);
+    }
     *exit_status = 0;
   });
 }

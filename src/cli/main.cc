@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   cli::add_serve_command(app, &exit_status);
   cli::add_usage_command(app, &exit_status);
   cli::add_log_command(app, &exit_status);
+  cli::add_journal_command(app, &exit_status);
   cli::add_complete_command(app, &exit_status);
   app.add_subcommand("version", "Print gpulock's version")->callback([] {
     fmt::print("gpulock {}\n", GPULOCK_VERSION_STRING);

@@ -31,10 +31,6 @@ std::string own_file_name() {
   return fmt::format("usage-{}.log", ::geteuid());
 }
 
-bool is_journal_file_name(const std::string& name) {
-  return name.size() > 10 && name.starts_with("usage-") && name.ends_with(".log");
-}
-
 UniqueFd open_directory(const std::string& path) {
   return UniqueFd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
 }
@@ -89,6 +85,22 @@ void add_records(std::string_view bytes, const std::string& file, unsigned owner
 }
 
 }  // namespace
+
+bool is_journal_file_name(std::string_view name) {
+  return name.size() > 10 && name.starts_with("usage-") && name.ends_with(".log");
+}
+
+std::vector<std::string> journal_file_names(int dir_fd) {
+  std::vector<std::string> names;
+  if (DIR* listing = ::fdopendir(::fcntl(dir_fd, F_DUPFD_CLOEXEC, 0))) {
+    ::rewinddir(listing);
+    while (const dirent* entry = ::readdir(listing))
+      if (is_journal_file_name(entry->d_name)) names.emplace_back(entry->d_name);
+    ::closedir(listing);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
 
 std::string journal_directory(const std::string& configured, const std::filesystem::path& lock_dir,
                               bool lock_dir_is_default) {
@@ -158,12 +170,14 @@ bool FileJournal::open_own_file(std::string& why) {
   file_ = std::move(fd);
   size_estimate_ = static_cast<std::uint64_t>(st.st_size);
   appends_since_check_ = 0;
+  rotation_left_to_root_ = false;
   opened_by_ = ::getpid();
   return true;
 }
 
 void FileJournal::rotate_if_full() {
   appends_since_check_ = 0;
+  rotation_left_to_root_ = false;
   struct stat st {};
   if (::fstat(file_.get(), &st) != 0) return;
   size_estimate_ = static_cast<std::uint64_t>(st.st_size);
@@ -179,8 +193,19 @@ void FileJournal::rotate_if_full() {
     const std::string rotated =
         fmt::format("usage-{}-{}-{}.log", ::geteuid(), static_cast<long long>(std::time(nullptr)),
                     make_lease_id());
-    if (::renameat(dir_fd_.get(), name.c_str(), dir_fd_.get(), rotated.c_str()) != 0)
-      warn_once(errno_message("cannot rotate " + name, errno));
+    if (::renameat(dir_fd_.get(), name.c_str(), dir_fd_.get(), rotated.c_str()) != 0) {
+      const int error = errno;
+      ::flock(file_.get(), LOCK_UN);
+      // Sealed append-only by root (journal/journal_seal.h): root rotates it, and this process
+      // goes on appending; it looks again at its next size check.
+      if (error == EPERM) {
+        rotation_left_to_root_ = true;
+        return;
+      }
+      warn_once(errno_message("cannot rotate " + name, error));
+      file_.reset();
+      return;
+    }
   }
   ::flock(file_.get(), LOCK_UN);
   file_.reset();  // the next record goes to a fresh file under the name
@@ -212,7 +237,8 @@ void FileJournal::append(const JournalRecord& record) noexcept {
       return;  // later records are tried again: the disk may have room by then
     }
     size_estimate_ += line.size();
-    if (size_estimate_ >= max_file_bytes_ || ++appends_since_check_ >= kSizeCheckInterval)
+    if ((size_estimate_ >= max_file_bytes_ && !rotation_left_to_root_) ||
+        ++appends_since_check_ >= kSizeCheckInterval)
       rotate_if_full();
   } catch (...) {
     warn_once("out of memory");
@@ -251,12 +277,7 @@ UniqueFd FileJournal::open_for_reading(JournalContents& contents,
       contents.warnings.push_back(errno_message("cannot read " + directory_.string(), errno));
     return dir;
   }
-  if (DIR* listing = ::fdopendir(::dup(dir.get()))) {
-    while (const dirent* entry = ::readdir(listing))
-      if (is_journal_file_name(entry->d_name)) names.emplace_back(entry->d_name);
-    ::closedir(listing);
-  }
-  std::sort(names.begin(), names.end());
+  names = journal_file_names(dir.get());
   return dir;
 }
 

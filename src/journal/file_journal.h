@@ -10,6 +10,10 @@
 // "usage-<uid>-<time>.log" under an flock() of the file, so that two rotating processes of one
 // user agree; a process still holding the old descriptor appends to the renamed file, which is
 // read like the current one, and reopens on its next rotation check. Nothing is ever deleted.
+//
+// Where root has sealed the files append-only (journal/journal_seal.h), nobody can truncate,
+// rewrite, rename or delete them, their owner included; the owner's rename then fails, and the
+// file grows until root's `gpulock journal seal` rotates it.
 #pragma once
 
 #include <sys/types.h>
@@ -19,6 +23,8 @@
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "journal/usage_journal.h"
 #include "util/fd.h"
@@ -66,10 +72,17 @@ class FileJournal final : public UsageJournal {
   // too) is looked at when this passes the limit, and every kSizeCheckInterval appends.
   std::uint64_t size_estimate_ = 0;
   unsigned appends_since_check_ = 0;
+  // Our file is full but sealed: root rotates it; look again only every kSizeCheckInterval.
+  bool rotation_left_to_root_ = false;
   pid_t opened_by_ = 0;  // a forked child reopens (its own descriptor, its own offset checks)
   bool disabled_ = false;
   std::atomic<bool> warned_{false};
 };
+
+// "usage-<uid>.log" and the rotated "usage-<uid>-<time>-<id>.log": the names the journal reads.
+bool is_journal_file_name(std::string_view name);
+// The journal files' names in the open directory, sorted.
+std::vector<std::string> journal_file_names(int dir_fd);
 
 // Where the local journal lives: GPULOCK_JOURNAL_DIR, else the config's journal_dir, else
 // /var/lib/gpulock/journal when the lock directory is a default one, else <lock dir>/journal.

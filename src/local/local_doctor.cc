@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "gpulock/error.hpp"
+#include "journal/journal_seal.h"
 #include "local/local_backend.h"
 
 namespace gpulock {
@@ -56,6 +57,8 @@ std::vector<DoctorCheck> LocalBackend::doctor() {
   checks.push_back({Level::kOk, "config",
                     config_.source.empty() ? "no config file (defaults)" : config_.source});
   checks.push_back(journal_check());
+  if (file_journal_ && checks.back().level == Level::kOk)
+    if (auto seal = journal_seal_check(file_journal_->location())) checks.push_back(*seal);
   return checks;
 }
 

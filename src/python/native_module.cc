@@ -18,6 +18,7 @@
 #include "gpulock/error.hpp"
 #include "gpulock/gpu_pool.hpp"
 #include "gpulock/json_output.hpp"
+#include "gpulock/monitor.hpp"
 #include "gpulock/parse.hpp"
 #include "gpulock/run.hpp"
 #include "gpulock/version.hpp"
@@ -328,7 +329,14 @@ PYBIND11_MODULE(_native, m) {
           py::arg("on_progress") = py::none(), py::arg("memory") = py::none(),
           py::arg("slots") = py::none(), py::arg("spread") = false)
       .def("status_json",
-           [](GpuPool& pool) { return translated([&] { return status_to_json(pool.status()); }); })
+           [](GpuPool& pool) {
+             return translated([&] {
+               // Idle GPUs as `gpulock status` sees them: the same readings file.
+               PoolStatus status = pool.status();
+               IdleTracker(default_idle_record_path()).observe(status, pool.config().idle_after);
+               return status_to_json(status);
+             });
+           })
       .def("queue_json",
            [](GpuPool& pool) { return translated([&] { return queue_to_json(pool.queue()); }); })
       .def("gpus_json",

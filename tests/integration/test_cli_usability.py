@@ -89,8 +89,14 @@ def test_hidden_command_is_not_in_help(gl):
 def test_completes_commands(gl):
     commands = set(complete(gl, ""))
     assert commands == {"run", "acquire", "release", "status", "queue", "gpus", "init",
-                        "doctor", "metrics", "serve", "usage", "log", "version"}
+                        "doctor", "metrics", "serve", "usage", "log", "journal", "version"}
     assert complete(gl, "st") == ["status"]
+
+
+def test_completes_the_commands_of_a_command(gl):
+    assert complete(gl, "journal", "") == ["seal"]
+    assert complete(gl, "journal", "seal", "-") == ["--help", "-h"]
+    assert complete(gl, "journal", "bogus", "") == []
 
 
 @pytest.mark.parametrize("command", ["run", "acquire", "release", "status", "queue", "gpus",

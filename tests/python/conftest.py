@@ -116,6 +116,8 @@ def isolated(monkeypatch, tmp_path):
             monkeypatch.delenv(name)
     monkeypatch.setenv("GPULOCK_DIR", str(tmp_path / "locks"))  # gpulock creates it
     monkeypatch.setenv("GPULOCK_FAKE_GPUS", "4")
+    # status() keeps idle-GPU readings in the user's state directory: the test's.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     # Lets teardown find every process this test started, wherever it went.
     monkeypatch.setenv(TAG_VARIABLE, "gpulock-pytest-" + secrets.token_hex(8))
     return tmp_path

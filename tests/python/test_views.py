@@ -3,14 +3,16 @@ queue's length and policy, reservations, .free) and gpulock.queue() agree with t
 gpulock.release() ends a detached lease taken with `gpulock acquire --for-pid` and refuses
 unknown, malformed and non-detached leases with the right exceptions."""
 
+import getpass
 import json
 import os
 import re
+import time
 
 import pytest
 
 import gpulock
-from conftest import EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE, GIB, sim_uuid
+from conftest import EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE, GIB, sim_uuid, wait_until
 
 
 def test_gpus(gl):
@@ -180,3 +182,41 @@ def test_release_refuses_leases_of_running_processes(gl):
         assert str(os.getpid()) in str(raised.value)
         assert lease.active
         assert gl.no_wait_run("1") == EX_TEMPFAIL
+
+
+def test_status_shows_idle_gpus_and_intruders(gl, monkeypatch):
+    """The idle and intruder fields of `gpulock status --json` (issue 16) reach Python: on
+    simulated GPUs whose file says since when GPU 0 has been at 0 % and which processes run on
+    it, one of them outside the lease."""
+    me = getpass.getuser()
+    monkeypatch.setenv("GPULOCK_CONFIG", str(gl.write("config.toml", 'idle_after = "1s"\n')))
+    gl.use_fake_gpus([{}, {}])
+    holder, lease_id, (uuid,) = gl.hold("--gpus", "0")
+    intruder = gl.spawn_argv(["sleep", "1000"])
+    long_ago = time.time() - 3600  # idle from before the lease: counted from its start
+    gl.use_fake_gpus([
+        {"utilization": 0, "idle_since": long_ago,
+         "processes": [{"pid": holder.pid, "used_memory": "2G"},
+                       {"pid": intruder.pid, "used_memory": "1G"}]},
+        {"utilization": 0, "idle_since": long_ago},  # at 0 %, but nobody leases it
+    ])
+
+    wait_until(lambda: gpulock.status().gpus[0].idle, what="GPU 0 to be reported idle")
+    status = gpulock.status()
+    leased, free = status.gpus
+    assert leased.state == "leased" and leased.lease_id == lease_id
+    assert leased.idle is True
+    assert leased.idle_since == pytest.approx(leased.holder.started_at, abs=0.01)
+    assert leased.idle_seconds >= 1
+    assert free.idle is False and free.idle_since is None and free.idle_seconds is None
+    assert [g.index for g in status.idle] == [0]
+    assert status.idle_after_seconds == 1
+    assert status.intruders == [gpulock.Intruder(
+        pid=intruder.pid, user=me, used_memory_bytes=GIB, host=os.uname().nodename, gpu="0",
+        uuid=uuid, lease_id=lease_id, holder_user=me)]
+
+    # The CLI reports the same.
+    doc = json.loads(gl.cli("status", "--json").stdout)
+    assert [i["pid"] for i in doc["intruders"]] == [intruder.pid]
+    assert [g["idle"] for g in doc["gpus"]] == [True, False]
+    assert holder.alive() and intruder.alive()  # reported, never killed

@@ -14,11 +14,13 @@ Nothing here depends on wall-clock speed: every timeout is only a hang guard.
 """
 
 import contextlib
+import fcntl
 import os
 import pathlib
 import pwd
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
 import time
@@ -215,14 +217,43 @@ def make_test_users(uncreatable):
     return tuple(TestUser(name) for name in TEST_USERS)
 
 
+_FS_IOC_GETFLAGS = 0x80086601  # ioctl_iflags(2); the argument is an int
+_FS_IOC_SETFLAGS = 0x40086602
+_FS_APPEND_FL = 0x20
+
+
+def unseal_tree(directory):
+    """Clears the append-only flag (`chattr -a`) of every file under `directory`, as root, so
+    that it can be removed: `gpulock init` as root seals the usage journal's files."""
+    if os.geteuid() != 0:
+        return
+    for parent, _, names in os.walk(directory):
+        for name in names:
+            try:
+                fd = os.open(os.path.join(parent, name),
+                             os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                flags = struct.unpack("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, b"\0" * 4))[0]
+                if flags & _FS_APPEND_FL:
+                    fcntl.ioctl(fd, _FS_IOC_SETFLAGS, struct.pack("i", flags & ~_FS_APPEND_FL))
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+
 @contextlib.contextmanager
 def _directory_for_all_users(prefix):
-    """A fresh directory under /tmp named with `prefix`, mode 755; removed on exit."""
+    """A fresh directory under /tmp named with `prefix`, mode 755; removed on exit (sealed
+    journal files included)."""
     directory = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     try:
         os.chmod(directory, 0o755)
         yield directory
     finally:
+        unseal_tree(directory)
         shutil.rmtree(directory, ignore_errors=True)
 
 
