@@ -83,9 +83,9 @@ def test_shared_leases_show_in_status_and_release_exactly_their_memory(rw):
     whole = rw.run_no_wait()
     assert whole.returncode == EX_TEMPFAIL, whole.stderr
     assert a.finish() == 0
-    # A's 40 GiB are free again, B's 30 GiB still held.
-    assert rw.run_no_wait("--mem", "41G").returncode == EX_TEMPFAIL
-    fits = rw.run_no_wait("--mem", "40G")
+    # A's 40 GiB are free again, B's 30 GiB still held: 50 GiB are free.
+    assert rw.run_no_wait("--mem", "51G").returncode == EX_TEMPFAIL
+    fits = rw.run_no_wait("--mem", "50G")
     assert fits.returncode == 0, fits.stderr
     assert b.finish() == 0
     assert rw.server.command("GET", rw.lock_key(gpu)) is None

@@ -719,7 +719,9 @@ TEST_P(GpuPoolContractTest, SharedLeasesCoexistUpToTheGpusMemory) {
   EXPECT_EQ(a.memory_bytes(), 30 * kGiB);
   EXPECT_EQ(Indices(a), (std::vector<unsigned>{0}));
   EXPECT_EQ(Indices(b), (std::vector<unsigned>{0}));
-  if (redis()) EXPECT_NE(a.fencing_token(), b.fencing_token());
+  if (redis()) {
+    EXPECT_NE(a.fencing_token(), b.fencing_token());
+  }
   ExpectError([&] { pool.acquire(Shared(21)); }, ErrorCode::kTimedOut, "memory");
   Lease c = pool.acquire(Shared(20));  // exactly the rest
   const auto shared = SharedOn(pool.status(), 0);

@@ -215,7 +215,7 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
       conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h2\n", "tester"});
   EXPECT_EQ(Texts(only_h2.elements[2]).at(0), "h2");
   EXPECT_EQ(only_h2.elements[2].elements.size(), 3u);
-  EXPECT_EQ(only_h2.elements[3].elements.size(), 7u);
+  EXPECT_EQ(only_h2.elements[3].elements.size(), 8u);
   EXPECT_EQ(only_h2.elements[4].elements.size(), 0u);
   EXPECT_EQ(only_h2.elements[5].elements.size(), 0u);
   EXPECT_EQ(Texts(only_h2.elements[6]), (std::vector<std::string>{"tester", "1"}));
@@ -225,7 +225,7 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
              {"ticket-2", "60000", "{\"body\":1}", "waiter", "h1\n"});
   const RedisValue widened = Snapshot("h2\n");
   EXPECT_EQ(widened.elements[2].elements.size(), 6u);
-  EXPECT_EQ(widened.elements[3].elements.size(), 21u);
+  EXPECT_EQ(widened.elements[3].elements.size(), 24u);
   EXPECT_EQ(widened.elements[7].integer, 0);
   // An unknown host in a scope is not listed (h1 is, for the ticket).
   EXPECT_EQ(Texts(Snapshot("nowhere\n").elements[2]).at(0), "h1");
@@ -247,7 +247,7 @@ TEST_F(RedisScriptsTest, AScopedSnapshotCountsGpusHeldElsewhere) {
   EXPECT_EQ(Cmd({"ZCARD", keys_.prefix() + "held:tester"}).integer, 1);
   const RedisValue snap =
       conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h1\n", "tester"});
-  EXPECT_EQ(snap.elements[3].elements.size(), 14u);  // h1's two GPUs only
+  EXPECT_EQ(snap.elements[3].elements.size(), 16u);  // h1's two GPUs only
   EXPECT_EQ(Texts(snap.elements[6]), (std::vector<std::string>{"tester", "2"}));
   // A lease that expired counts no more, and leaves the set.
   Cmd({"ZADD", keys_.prefix() + "held:tester", "1", "far"});
@@ -903,7 +903,7 @@ TEST_F(RedisScriptsTest, GarbageInHostAndGpuKeysDoesNotMakeScriptsFail) {
   EXPECT_EQ(Cmd({"TYPE", keys_.gpu(U(0))}).text, "hash");
   EXPECT_EQ(Cmd({"TYPE", keys_.prefix() + "gpus:h1"}).text, "set");
   EXPECT_NO_THROW(snap = Snapshot());
-  EXPECT_EQ(snap.elements.at(3).elements.size(), 14u);
+  EXPECT_EQ(snap.elements.at(3).elements.size(), 16u);
   // A lease hash that is garbage: the snapshot shows it empty.
   ASSERT_EQ(Take("lease-gl", {U(0)}).at(0), "ok");
   Cmd({"DEL", keys_.lease("lease-gl")});
