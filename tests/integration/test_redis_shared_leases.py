@@ -169,3 +169,28 @@ def test_shared_lease_environment_and_journal_on_redis(rw):
     entries = rw.server.command("XRANGE", rw.key("journal"), "-", "+")
     text = json.dumps(entries)
     assert text.count(lease) >= 2, text[:2000]
+
+
+def test_over_reservation_is_reported_and_warned_on_redis(rw):
+    fake = rw.gl.write_fake_gpus([{"memory_total": "80G"}])
+    env = rw.env(gpus=fake)
+    pid_file = rw.tmp / "job.pid"
+    script = 'echo $$ > "$1.tmp" && mv "$1.tmp" "$1"; exec sleep 1000'
+    # `exec` keeps the pid: the process the simulated readings name is the command itself.
+    bg = rw.gl.spawn("run", "--mem", "10G", "--on-over-memory", "warn", "--", "sh", "-c", script,
+                     "job", pid_file, env=env)
+    try:
+        wait_until(lambda: pid_file.exists() or not bg.alive(), what="the job to start")
+        assert bg.alive(), bg.describe()
+        pid = int(pid_file.read_text())
+        rw.gl.write_fake_gpus([{"memory_total": "80G",
+                                "processes": [{"pid": pid, "used_memory": "12G"}]}])
+        gpu = rw.status(env=env)["gpus"][0]
+        [lease] = gpu["shared"]["leases"]
+        assert lease["over_reservation"] is True and lease["memory_used_bytes"] == 12 * GIB
+        assert [p["foreign"] for p in gpu["processes"]] == [False]
+        bg.wait_for_stderr("more than the 10.0 GiB it reserved", timeout=HANG)
+        assert bg.alive()  # warn only
+    finally:
+        bg.kill_group()
+        bg.wait()
