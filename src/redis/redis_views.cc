@@ -45,8 +45,10 @@ LockState RedisBackend::lock_state_of(const Gpu& g, const Snapshot& snap) const 
 GpuStatus RedisBackend::describe(const Gpu& g, const Snapshot& snap) const {
   const LockState lock = lock_state_of(g, snap);
   bool holder_here = lock.record && lock.record->host == settings_.host;
+  // Shared leases may be held from several hosts: their processes are checked here for those
+  // of this host, and the others' are put right below.
   if (lock.shared)
-    holder_here = std::all_of(lock.shared_records.begin(), lock.shared_records.end(),
+    holder_here = std::any_of(lock.shared_records.begin(), lock.shared_records.end(),
                               [&](const HolderRecord& r) { return r.host == settings_.host; });
   GpuStatus gpu = gpu_status_of(g.device, lock, config_, g.local, holder_here);
   gpu.host = g.host;
@@ -58,7 +60,12 @@ GpuStatus RedisBackend::describe(const Gpu& g, const Snapshot& snap) const {
   if (gpu.holder && !holder_here) gpu.holder->holder_alive = renewed(g.lock);
   if (gpu.shared)
     for (HolderInfo& h : gpu.shared->leases)
-      if (h.host != settings_.host) h.holder_alive = renewed(h.lease_id);
+      if (h.host != settings_.host) {
+        // Its pids mean nothing here: alive while renewed, its memory use unknown from here.
+        h.holder_alive = renewed(h.lease_id);
+        h.memory_used_bytes = 0;
+        h.over_reservation = false;
+      }
   return gpu;
 }
 
