@@ -12,6 +12,7 @@ Nothing depends on wall-clock speed: every timeout is only a hang guard.
 import json
 import os
 import random
+import re
 import signal
 import time
 
@@ -194,3 +195,22 @@ def test_over_reservation_is_reported_and_warned_on_redis(rw):
     finally:
         bg.kill_group()
         bg.wait()
+
+
+def test_detached_shared_lease_is_shown_and_released_on_redis(rw):
+    [gpu] = rw.register(gpus=1)
+    watched = rw.gl.sleeper()
+    result = rw.run("acquire", "--mem", "10G", "--label", "notebook", "--for-pid", watched.pid)
+    assert result.returncode == 0, result.stderr
+    exports = dict(re.findall(r"^export ([A-Z_]+)='([^']*)'$", result.stdout, re.M))
+    lease = exports["GPULOCK_LEASE_ID"]
+    [shown] = rw.gpu_entry(rw.status(), gpu)["shared"]["leases"]
+    assert shown["lease_id"] == lease and shown["kind"] == "detached"
+    assert shown["label"] == "notebook" and shown["memory_bytes"] == 10 * GIB
+    text = rw.run("status").stdout
+    assert "shared by 1 lease: 10.0 GiB reserved, 70.0 GiB unreserved" in text, text
+    released = rw.run("release", lease)
+    assert released.returncode == 0, released.stderr
+    assert rw.gpu_entry(rw.status(), gpu)["shared"] is None
+    assert rw.server.command("GET", rw.lock_key(gpu)) is None
+    assert watched.alive()
