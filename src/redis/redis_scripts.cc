@@ -156,6 +156,17 @@ namespace {
   "  local last = 0\n"                                                                         \
   "  for _, r in ipairs(live) do last = math.max(last, r[3]) end\n"                            \
   "  if get(M) == SHARED_MARK then redis.call('PEXPIREAT', M, last) end\n"                     \
+  "  redis.call('PEXPIREAT', S, last)\n"                                                       \
+  "  redis.call('PEXPIREAT', U, last)\n"                                                       \
+  "end\n"                                                                                      \
+  "-- The reservations' keys go with the mark (no GPU keeps them once nobody writes to it).\n" \
+  "local function expire_with_mark(uuid)\n"                                                    \
+  "  local S, U = share_keys(uuid)\n"                                                          \
+  "  local left = redis.call('PTTL', P .. 'lock:' .. uuid)\n"                                  \
+  "  if left > 0 then\n"                                                                       \
+  "    redis.call('PEXPIRE', S, left)\n"                                                       \
+  "    redis.call('PEXPIRE', U, left)\n"                                                       \
+  "  end\n"                                                                                    \
   "end\n"
 
 }  // namespace
@@ -561,6 +572,7 @@ for _, c in ipairs(chosen) do
   end
   redis.call('ZADD', S, now_ms + ttl, id)
   redis.call('HSET', U, id, c.wanted)
+  expire_with_mark(c.uuid)
   table.insert(uuids, c.uuid)
   table.insert(units, string.format('%d', c.wanted))
 end
@@ -616,6 +628,7 @@ for i = 7, #ARGV - 1, 2 do
   end
   redis.call('ZADD', S, now_ms + ttl, id)
   redis.call('HSET', U, id, ARGV[i + 1])
+  expire_with_mark(uuid)
   table.insert(uuids, uuid)
   table.insert(units, ARGV[i + 1])
 end

@@ -945,6 +945,10 @@ TEST_F(RedisScriptsTest, SharedReservationsCoexistUpToTheRoomAndExcludeExclusive
   EXPECT_EQ(Hash(keys_.prefix() + "share_units:" + U(0)),
             (std::map<std::string, std::string>{{"lease-sa", "160"}, {"lease-sb", "160"}}));
   EXPECT_EQ(Hash(keys_.lease("lease-sa")).at("units"), "160");
+  // The reservations' keys expire with the mark: nothing stays once nobody renews.
+  EXPECT_GT(Pttl(keys_.prefix() + "shares:" + U(0)), 0);
+  EXPECT_LE(Pttl(keys_.prefix() + "shares:" + U(0)), Pttl(keys_.lock(U(0))) + 1000);
+  EXPECT_GT(Pttl(keys_.prefix() + "share_units:" + U(0)), 0);
   // An exclusive acquire is refused on the shared GPU, and a shared one on an exclusive GPU.
   EXPECT_EQ(Take("lease-x", {U(0)}), (std::vector<std::string>{"busy"}));
   ASSERT_EQ(Take("lease-y", {U(1)}).at(0), "ok");
