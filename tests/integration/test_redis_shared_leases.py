@@ -27,6 +27,16 @@ from test_shared_leases import AUDIT_JOB, GIB, GPU_MEMORY  # noqa: E402
 pytest_plugins = ["conftest_redis"]
 
 
+# The audited job, which also notes, under the ledger's lock, how many shared jobs each GPU
+# carried as it entered: so the test can tell that shared leases really coexisted.
+COUNTING_JOB = AUDIT_JOB.replace(
+    "    ledger[name] = size\n",
+    "    ledger[name] = size\n"
+    "    with open(os.path.join(audit, 'shared-counts'), 'a') as counts:\n"
+    "        counts.write('%d\\n' % sum(1 for v in ledger.values() if v > 0))\n")
+assert COUNTING_JOB != AUDIT_JOB
+
+
 def audit_dir(rw):
     audit = rw.tmp / "audit"
     (audit / "violations").mkdir(parents=True)
@@ -38,20 +48,20 @@ def violations(audit):
 
 
 def test_mixed_exclusive_and_shared_never_overcommit(rw):
-    """48 processes, exclusive and shared of random sizes, on 4 simulated 80 GiB GPUs."""
+    """64 processes, exclusive and shared of random sizes, on 4 simulated 80 GiB GPUs."""
     audit = audit_dir(rw)
     holder = rw.hold("-n", "4")  # so that all of them really contend
     rng = random.Random(15)
     procs = {}
-    for i in range(48):
+    for i in range(64):
         name = "job-%02d" % i
         if rng.random() < 0.25:
             args, size = ["-n", str(rng.choice([1, 1, 2]))], 0
         else:
             gib = rng.choice([5, 10, 10, 20, 30, 40])
             args, size = ["--mem", "%dG" % gib], gib * GIB
-        procs[name] = rw.spawn("run", *args, "--", PYTHON, "-S", "-c", AUDIT_JOB, audit, name,
-                               size, GPU_MEMORY)
+        procs[name] = rw.spawn("run", *args, "--", PYTHON, "-S", "-c", COUNTING_JOB, audit,
+                               name, size, GPU_MEMORY)
     for bg in procs.values():
         bg.wait_for_stderr("waiting", timeout=HANG)
     assert holder.finish() == 0
@@ -62,6 +72,9 @@ def test_mixed_exclusive_and_shared_never_overcommit(rw):
             failures.append("%s exited %s: %s" % (name, status, bg.stderr()))
     assert violations(audit) == {}
     assert failures == []
+    # Shared leases did share a GPU at some moment (else the test would prove little).
+    counts = [int(n) for n in (audit / "shared-counts").read_text().split()]
+    assert max(counts) >= 2, counts
     # Every reservation went with its lease: no GPU is marked shared any more.
     for uuid in rw.register():
         assert rw.server.command("GET", rw.lock_key(uuid)) is None
