@@ -467,6 +467,26 @@ void bench_acquire_release(const Options& options, const RedisServer& server) {
               "first acquire + release of this process (new server)", fmt_us(first_us).c_str(), "",
               "", "", first_rt);
 
+  // A shared lease of 10 GiB of one GPU (issue 15), in the same pool and run, against the
+  // exclusive figure just measured and again after it (aim: shared <= 2x exclusive).
+  {
+    gpulock::LeaseRequest shared = request;
+    shared.memory_bytes = std::uint64_t{10} << 30;
+    for (int i = 0; i < 200; ++i) pool.acquire(shared).release();
+    const long long c = g_commands_sent.load();
+    const std::vector<double> shared_us = time_calls(n, [&] { pool.acquire(shared).release(); });
+    const double shared_rt = static_cast<double>(g_commands_sent.load() - c) / n;
+    const std::vector<double> again_us = time_calls(n, [&] { pool.acquire(request).release(); });
+    const double baseline = std::min(stats_of(us).p50, stats_of(again_us).p50);
+    char note[160];
+    std::snprintf(note, sizeof note,
+                  "round trips %.2f; p50 %.2fx the exclusive one (min of before and after: %s)",
+                  shared_rt, stats_of(shared_us).p50 / baseline, fmt_us(baseline).c_str());
+    print_row("shared 10 GiB of 1 GPU (same GpuPool, " + std::to_string(n) + " iterations)",
+              stats_of(shared_us), note);
+    print_row("exclusive again, after the shared ones", stats_of(again_us));
+  }
+
   // The same with a new GpuPool each time, in this warm process (the scripts' SHA-1s are known
   // to the process; the pool connects and registers its host again).
   {
@@ -509,7 +529,7 @@ void bench_acquire_release(const Options& options, const RedisServer& server) {
     auto a = now_ns();
     const gpulock::RedisValue r =
         connection->run(gpulock::redis_scripts::kAcquire, {version_key},
-                        {id, "30000", "", "1", "all", "{}", "bench", host, "", uuid});
+                        {id, "30000", "", "1", "all", "{}", "bench", host, "", "0", uuid});
     auto b = now_ns();
     if (r.elements.empty() || r.elements[0].text != "ok")
       throw std::runtime_error("raw acquire script: not ok");

@@ -24,7 +24,11 @@ LiveLeases live_leases(LeaseBackend& backend) {
   if (backend.name() == "file") live.host = status.host;
   for (const auto& gpu : status.gpus) {
     if (gpu.state != GpuState::kLeased) continue;
-    if (gpu.holder)
+    if (gpu.shared) {
+      for (const auto& lease : gpu.shared->leases) live.lease_ids.insert(lease.lease_id);
+      // Reservations whose records are unreadable leave their leases unknown.
+      if (gpu.shared->leases.size() < gpu.shared->jobs) live.unknown_gpus.insert(gpu.device.uuid);
+    } else if (gpu.holder)
       live.lease_ids.insert(gpu.holder->lease_id);
     else
       live.unknown_gpus.insert(gpu.device.uuid);
@@ -45,9 +49,6 @@ GpuPool& GpuPool::operator=(GpuPool&&) noexcept = default;
 GpuPool::~GpuPool() = default;
 
 Lease GpuPool::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
-  if ((request.memory_bytes || request.slots) && backend_->name() != "file")
-    throw Error(ErrorCode::kUnsatisfiable,
-                "shared leases (--mem, --slots) are only supported on the local backend so far");
   const auto asked_at = std::chrono::system_clock::now();
   Lease lease = backend_->acquire(request, hooks);
   if (lease.state_) {

@@ -101,7 +101,7 @@ gpulock_status gpulock_request_set_count(gpulock_request* request, unsigned coun
 gpulock_status gpulock_request_set_gpus(gpulock_request* request, const char* gpus);
 /* Health filters. A reading the device cannot provide fails the filter. */
 gpulock_status gpulock_request_set_min_free_memory(gpulock_request* request, uint64_t bytes);
-/* A shared lease: this many bytes of each GPU's memory instead of whole GPUs (local backend;
+/* A shared lease: this many bytes of each GPU's memory instead of whole GPUs (either backend;
  * rounded up to 256 MiB units). Cooperative: nothing stops a job from using more. */
 gpulock_status gpulock_request_set_memory(gpulock_request* request, uint64_t bytes);
 /* A shared lease on a GPU with at most `slots` shared leases; without a memory size, 1/slots

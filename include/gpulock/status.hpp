@@ -44,7 +44,7 @@ struct HolderInfo {
 
 // A GPU held by shared leases (several jobs by memory, `gpulock run --mem`).
 struct SharedUse {
-  unsigned jobs = 0;                 // shared leases holding it (from the kernel's locks)
+  unsigned jobs = 0;                 // shared leases holding it (kernel locks or Redis)
   std::uint64_t reserved_bytes = 0;  // what they reserve, in all
   std::uint64_t reserve_bytes = 0;   // kept back by the administrator (shared_memory_reserve)
   std::vector<HolderInfo> leases;    // the ones whose records are readable

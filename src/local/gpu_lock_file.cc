@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <optional>
 
 #include "backend/holder_record.h"
 #include "gpulock/error.hpp"
@@ -71,24 +72,39 @@ LockMode held_mode(int fd) {
 }
 
 std::vector<std::pair<off_t, off_t>> held_ranges(int fd, off_t from, off_t len) {
-  std::vector<std::pair<off_t, off_t>> held;
-  const off_t end = from + len;
-  off_t pos = from;
-  while (pos < end) {
+  // The first conflicting lock F_OFD_GETLK reports over [start, stop) is the first in the
+  // kernel's list, which is not ordered by offset across owners: it may lie after other held
+  // ranges. Narrow the probe to the bytes before it until none is held there.
+  const auto first_conflict = [fd](off_t start,
+                                   off_t stop) -> std::optional<std::pair<off_t, off_t>> {
     struct flock lock = whole_file(F_WRLCK);
-    lock.l_start = pos;
-    lock.l_len = end - pos;
+    lock.l_start = start;
+    lock.l_len = stop - start;
     while (::fcntl(fd, F_OFD_GETLK, &lock) != 0) {
       if (errno == EINTR) continue;
       throw Error(ErrorCode::kInternal, errno_message("fcntl(F_OFD_GETLK)", errno));
     }
-    if (lock.l_type == F_UNLCK) break;
-    // The kernel reports the first conflicting lock as its holder has it: clip it to our range.
-    const off_t start = std::max(lock.l_start, pos);
-    const off_t stop = lock.l_len == 0 ? end : std::min(end, lock.l_start + lock.l_len);
-    if (stop <= start) break;  // cannot happen; never loop forever on a surprise
-    held.emplace_back(start, stop - start);
-    pos = stop;
+    if (lock.l_type == F_UNLCK) return std::nullopt;
+    // The kernel reports the lock as its holder has it: clip it to the range asked about.
+    const off_t first = std::max(lock.l_start, start);
+    const off_t last = lock.l_len == 0 ? stop : std::min(stop, lock.l_start + lock.l_len);
+    if (last <= first) return std::nullopt;  // cannot happen; never loop forever on a surprise
+    return std::make_pair(first, last);
+  };
+  std::vector<std::pair<off_t, off_t>> held;
+  const off_t end = from + len;
+  off_t pos = from;
+  while (pos < end) {
+    std::optional<std::pair<off_t, off_t>> found = first_conflict(pos, end);
+    if (!found) break;
+    // Each narrowing ends before the range found, so this ends.
+    while (found->first > pos) {
+      const auto earlier = first_conflict(pos, found->first);
+      if (!earlier) break;
+      found = earlier;
+    }
+    held.emplace_back(found->first, found->second - found->first);
+    pos = found->second;
   }
   return held;
 }

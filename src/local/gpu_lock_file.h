@@ -52,7 +52,8 @@ enum class LockMode { kNone, kExclusive, kShared };
 LockMode held_mode(int fd);
 
 // The ranges [start, start + len) of bytes in [from, from + len) that another open file
-// description has locked, in order: one F_OFD_GETLK per held range.
+// description has locked, in order: one F_OFD_GETLK per held range, and more where locks were
+// taken out of offset order.
 std::vector<std::pair<off_t, off_t>> held_ranges(int fd, off_t from, off_t len);
 
 // Locks bytes [start, start + len) without waiting (type F_RDLCK or F_WRLCK); false if held.

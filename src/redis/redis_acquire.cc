@@ -71,6 +71,7 @@ std::string join_names(const std::vector<std::string>& names) {
 }  // namespace
 
 Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
+  if (request.memory_bytes || request.slots) return acquire_shared(request, hooks);
   validate_request(request);
   const auto start = Clock::now();
   const Clock::time_point deadline = wait_deadline(request, start);
@@ -350,7 +351,8 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
                                 *token,
                                 record.gpus,
                                 user,
-                                gpu_host};
+                                gpu_host,
+                                {}};
           lease->keeper =
               std::make_unique<RedisLeaseKeeper>(std::move(terms), record_json, connections_, sent);
           return Lease(std::move(lease));

@@ -147,16 +147,28 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
   const RedisValue& gpus = element(reply, 3);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    parsed_devices_wanted_ = std::max(parsed_devices_wanted_, gpus.elements.size() / 7);
+    parsed_devices_wanted_ = std::max(parsed_devices_wanted_, gpus.elements.size() / 8);
   }
-  for (std::size_t i = 0; i + 6 < gpus.elements.size(); i += 7) {
+  for (std::size_t i = 0; i + 7 < gpus.elements.size(); i += 8) {
     Gpu gpu;
     const std::string& uuid = gpus.elements[i].text;
     gpu.host = gpus.elements[i + 1].text;
     gpu.lock = gpus.elements[i + 5].text;
     gpu.lock_ttl_ms = integer_of(gpus.elements[i + 6]);
-    if (!gpu.lock.empty() && gpu.lock != "!garbage" && !is_lease_id(gpu.lock))
+    if (!gpu.lock.empty() && gpu.lock != "!garbage" && gpu.lock != redis_scripts::kSharedMark &&
+        !is_lease_id(gpu.lock))
       gpu.lock = "!garbage";
+    if (gpu.shared()) {
+      // One line per live reservation: "LEASE_ID UNITS PTTL"; unreadable ones are skipped.
+      for (const std::string& line : split(gpus.elements[i + 7].text, '\n')) {
+        const std::vector<std::string> fields = split(line, ' ');
+        if (fields.size() != 3 || !is_lease_id(fields[0])) continue;
+        const auto units = number<std::uint64_t>(fields[1]);
+        const auto ttl = number<long long>(fields[2]);
+        if (!units || !ttl) continue;
+        gpu.shares.push_back(Share{fields[0], *units, *ttl});
+      }
+    }
     if (gpu.host == settings_.host) {
       const auto live = std::find_if(local_devices.begin(), local_devices.end(),
                                      [&](const Device& d) { return d.uuid == uuid; });
@@ -260,17 +272,13 @@ QueueSnapshot RedisBackend::plan(const Snapshot& snap, const Ticket* newcomer) {
   for (const Gpu& gpu : snap.gpus) {
     by_uuid[gpu.device.uuid] = &gpu;
     PlannedGpu planned{gpu.device.uuid, !gpu.lock.empty(), std::nullopt};
-    LockState lock;
-    if (gpu.lock == "!garbage") {
-      lock.error = fmt::format("its lock key in Redis holds something that is not a lease");
-    } else if (!gpu.lock.empty()) {
-      lock.locked = true;
-      if (const auto it = snap.leases.find(gpu.lock);
-          it != snap.leases.end() && it->second.record) {
-        lock.record = it->second.record;
-        planned.holder_uid = plan_uid(lock.record->user);
-      }
-    }
+    LockState lock = lock_state_of(gpu, snap);
+    if (lock.record) planned.holder_uid = plan_uid(lock.record->user);
+    // Fair share counts a shared lease as the part of the GPU's memory it reserves.
+    if (const std::uint64_t total = gpu.device.memory_total_bytes.value_or(0); total > 0)
+      for (const auto& record : lock.shared_records)
+        planned.shared_by.emplace_back(plan_uid(record.user),
+                                       record.memory_bytes.value_or(0) * kShareScale / total);
     q.gpus.push_back(std::move(planned));
     q.locks.push_back(std::move(lock));
     q.gpu_names.push_back(gpu.local ? gpu.device.display_index()

@@ -20,10 +20,12 @@
 
 #include "backend/holder_record.h"
 #include "backend/lease_backend.h"
+#include "backend/lock_state.h"
 #include "backend/queue_snapshot.h"
 #include "gpulock/gpu_pool.hpp"
 #include "queue/ticket.h"
 #include "redis/redis_connection_cache.h"
+#include "redis/redis_scripts.h"
 #include "redis/redis_settings.h"
 
 namespace gpulock {
@@ -34,6 +36,9 @@ class RedisBackend final : public LeaseBackend {
                RedisSettings settings);
 
   Lease acquire(const LeaseRequest& request, const WaitHooks& hooks) override;
+  // A shared lease (request.memory_bytes or request.slots): reservations of GPUs' memory
+  // (redis_acquire_shared.cc).
+  Lease acquire_shared(const LeaseRequest& request, const WaitHooks& hooks);
   PoolStatus status() override { return status(/*whole_pool=*/false); }
   PoolStatus pool_status() override { return status(/*whole_pool=*/true); }
   QueueStatus queue() override;
@@ -50,12 +55,22 @@ class RedisBackend final : public LeaseBackend {
   const RedisSettings& settings() const { return settings_; }
 
   // The pool as one snapshot script call read it.
+  // A shared lease's reservation on a GPU.
+  struct Share {
+    std::string lease_id;
+    std::uint64_t units = 0;  // of kSharedMemoryUnitBytes
+    long long ttl_ms = 0;
+  };
   struct Gpu {
     Device device;
     std::string host;
     bool local = false;  // a GPU of this host (its device data is live)
-    std::string lock;    // the lease id holding it, "" when free, "!garbage" when unusable
+    // The lease id holding it, "" when free, "!garbage" when unusable, or
+    // redis_scripts::kSharedMark when shared leases hold it (then `shares` says which).
+    std::string lock;
     long long lock_ttl_ms = -2;
+    std::vector<Share> shares;
+    bool shared() const { return lock == redis_scripts::kSharedMark; }
   };
   struct LeaseEntry {
     std::optional<HolderRecord> record;  // unset when missing or malformed
@@ -110,6 +125,8 @@ class RedisBackend final : public LeaseBackend {
   std::optional<Ticket> queued_ticket(const std::string& body);
   // The number standing for a user in plans (users are the same person on every host by name).
   uid_t plan_uid(const std::string& user);
+  // Who holds a GPU, as plans and status read it.
+  LockState lock_state_of(const Gpu& gpu, const Snapshot& snapshot) const;
   GpuStatus describe(const Gpu& gpu, const Snapshot& snapshot) const;
   PoolStatus status(bool whole_pool);
 

@@ -31,9 +31,11 @@ std::string expected_type(const std::string& key, const std::string& prefix) {
   const auto starts = [&](const char* p) { return rest.starts_with(p); };
   if (rest == "version" || rest == "token" || rest == "token_copy" || rest == "queue_seq")
     return "string";
-  if (rest == "hosts" || rest == "queue" || starts("held:")) return "zset";
+  if (rest == "hosts" || rest == "queue" || starts("held:") || starts("shares:")) return "zset";
   if (rest == "journal") return "stream";  // the usage journal (redis/redis_journal.h)
-  if (starts("host:") || starts("gpu:") || starts("lease:") || starts("ticket:")) return "hash";
+  if (starts("host:") || starts("gpu:") || starts("lease:") || starts("ticket:") ||
+      starts("share_units:"))
+    return "hash";
   if (starts("gpus:")) return "set";
   if (starts("wake:")) return "list";
   if (starts("lock:") || starts("served:") || starts("ended:") || starts("doctor:"))
@@ -193,8 +195,10 @@ std::vector<DoctorCheck> RedisBackend::doctor() {
         const std::string expected = expected_type(key.text, settings_.prefix());
         const std::string actual = connection->command({"TYPE", key.text}).text;
         bool bad = expected != actual;
-        if (!bad && key.text.starts_with(settings_.prefix() + "lock:"))
-          bad = !is_lease_id(connection->command({"GET", key.text}).text);
+        if (!bad && key.text.starts_with(settings_.prefix() + "lock:")) {
+          const std::string holder = connection->command({"GET", key.text}).text;
+          bad = !is_lease_id(holder) && holder != redis_scripts::kSharedMark;
+        }
         if (bad && wrong.size() < 10)
           wrong.push_back(fmt::format("{} ({})", sanitize_for_display(key.text, 120), actual));
       }

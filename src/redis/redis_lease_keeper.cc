@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -151,19 +152,32 @@ std::uint64_t RedisLeaseKeeper::verify() {
       terms_.version_key.substr(0, terms_.version_key.size() - std::string_view("version").size());
   std::vector<std::string> command{"MGET"};
   for (const auto& uuid : terms_.uuids) command.push_back(prefix + "lock:" + uuid);
-  RedisValue reply;
+  const bool shared = !terms_.shared_units.empty();
+  std::unique_ptr<RedisConnection> own;
+  std::optional<RedisConnectionLoan> loan;
+  RedisConnection* connection = nullptr;
   if (thread_process_ == ::getpid()) {
-    RedisConnectionLoan connection(*connections_, call_timeout(terms_.ttl));
-    reply = connection->command(command);
+    loan.emplace(*connections_, call_timeout(terms_.ttl));
+    connection = &**loan;
   } else {
     // A forked copy: the cached connections' sockets are the parent's.
-    reply = RedisConnection::connect(connections_->endpoint(), call_timeout(terms_.ttl))
-                ->command(command);
+    own = RedisConnection::connect(connections_->endpoint(), call_timeout(terms_.ttl));
+    connection = own.get();
   }
+  const RedisValue reply = connection->command(command);
   for (std::size_t i = 0; i < terms_.uuids.size(); ++i) {
     const RedisValue* value = reply.type == RedisValue::Type::kArray && i < reply.elements.size()
                                   ? &reply.elements[i]
                                   : nullptr;
+    if (shared && value != nullptr && value->text == redis_scripts::kSharedMark) {
+      // Held by shared leases: this one's reservation must be among them.
+      const RedisValue score =
+          connection->command({"ZSCORE", prefix + "shares:" + terms_.uuids[i], terms_.lease_id});
+      if (score.type == RedisValue::Type::kString) continue;
+      const std::string why = fmt::format("its reservation on GPU {} is gone", terms_.uuids[i]);
+      declare_lost(why);
+      throw lost_error(why);
+    }
     if (value == nullptr || value->text != terms_.lease_id) {
       const std::string holder =
           value == nullptr || value->is_nil() ? "nobody" : sanitize_for_display(value->text, 40);
@@ -241,8 +255,13 @@ void RedisLeaseKeeper::run() {
                                     record,
                                     terms_.user,
                                     terms_.gpu_host};
-      args.insert(args.end(), terms_.uuids.begin(), terms_.uuids.end());
-      const RedisValue reply = connection->run(redis_scripts::kRenew, {terms_.version_key}, args);
+      const bool shared = !terms_.shared_units.empty();
+      for (std::size_t i = 0; i < terms_.uuids.size(); ++i) {
+        args.push_back(terms_.uuids[i]);
+        if (shared) args.push_back(std::to_string(terms_.shared_units[i]));
+      }
+      const RedisValue reply = connection->run(
+          shared ? redis_scripts::kRenewShared : redis_scripts::kRenew, {terms_.version_key}, args);
       const std::string outcome = reply.type == RedisValue::Type::kArray && !reply.elements.empty()
                                       ? reply.elements[0].text
                                       : std::string();
@@ -251,8 +270,9 @@ void RedisLeaseKeeper::run() {
       } else if (outcome == "lost") {
         const std::string uuid = reply.elements.size() > 1 ? reply.elements[1].text : "?";
         const std::string holder = reply.elements.size() > 2 ? reply.elements[2].text : "?";
-        lost_reason = holder == "released"
-                          ? "it was released by `gpulock release`"
+        lost_reason = holder == "released" ? "it was released by `gpulock release`"
+                      : holder == "expired"
+                          ? fmt::format("its reservation on GPU {} expired", uuid)
                           : fmt::format("GPU {} is held by another lease ({})", uuid, holder);
       } else {
         warn_once("the renew script gave an unexpected reply");

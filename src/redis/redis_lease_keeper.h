@@ -34,6 +34,10 @@ struct RedisLeaseTerms {
   std::vector<std::string> uuids;
   std::string user;
   std::string gpu_host;
+  // A shared lease: the memory units it reserves on each of `uuids` (parallel); empty for an
+  // exclusive lease. A shared lease is renewed with kRenewShared, and its reservations are what
+  // verify() checks.
+  std::vector<std::uint64_t> shared_units;
 };
 
 class RedisLeaseKeeper final : public LeaseKeeper {

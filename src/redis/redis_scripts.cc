@@ -66,34 +66,107 @@ namespace {
 // Fencing tokens in exact decimal text, never Lua numbers (doubles, exact only below 2^53). The
 // `token` key and its copy `token_copy` are read as untrusted input: a value that is not 1 to 20
 // digits without a leading zero, at most 2^64 - 1, or a key of the wrong type, counts as absent.
-#define GPULOCK_LUA_TOKENS                                                      \
-  "local TOKEN_MAX = '18446744073709551615'\n"                                  \
-  "local TOKEN_KEYS = {P .. 'token', P .. 'token_copy'}\n"                      \
-  "local function token_less(a, b)\n"                                           \
-  "  if #a ~= #b then return #a < #b end\n"                                     \
-  "  for i = 1, #a do\n"                                                        \
-  "    local x, y = string.byte(a, i), string.byte(b, i)\n"                     \
-  "    if x ~= y then return x < y end\n"                                       \
-  "  end\n"                                                                     \
-  "  return false\n"                                                            \
-  "end\n"                                                                       \
-  "local function token_of(v)\n"                                                \
-  "  if type(v) ~= 'string' or #v == 0 or #v > 20 then return nil end\n"        \
-  "  if not string.find(v, '^%d+$') then return nil end\n"                      \
-  "  if #v > 1 and string.byte(v, 1) == 48 then return nil end\n"               \
-  "  if token_less(TOKEN_MAX, v) then return nil end\n"                         \
-  "  return v\n"                                                                \
-  "end\n"                                                                       \
-  "local function token_next(v)\n"                                              \
-  "  if v == TOKEN_MAX then return nil end\n"                                   \
-  "  local i = #v\n"                                                            \
-  "  while i > 0 and string.byte(v, i) == 57 do i = i - 1 end\n"                \
-  "  if i == 0 then return '1' .. string.rep('0', #v) end\n"                    \
-  "  return string.sub(v, 1, i - 1) .. string.char(string.byte(v, i) + 1) ..\n" \
-  "         string.rep('0', #v - i)\n"                                          \
-  "end\n"                                                                       \
-  "local function read_token(k)\n"                                              \
-  "  return token_of(redis.pcall('GET', k))\n"                                  \
+#define GPULOCK_LUA_TOKENS                                                          \
+  "local TOKEN_MAX = '18446744073709551615'\n"                                      \
+  "local TOKEN_KEYS = {P .. 'token', P .. 'token_copy'}\n"                          \
+  "local function token_less(a, b)\n"                                               \
+  "  if #a ~= #b then return #a < #b end\n"                                         \
+  "  for i = 1, #a do\n"                                                            \
+  "    local x, y = string.byte(a, i), string.byte(b, i)\n"                         \
+  "    if x ~= y then return x < y end\n"                                           \
+  "  end\n"                                                                         \
+  "  return false\n"                                                                \
+  "end\n"                                                                           \
+  "local function token_of(v)\n"                                                    \
+  "  if type(v) ~= 'string' or #v == 0 or #v > 20 then return nil end\n"            \
+  "  if not string.find(v, '^%d+$') then return nil end\n"                          \
+  "  if #v > 1 and string.byte(v, 1) == 48 then return nil end\n"                   \
+  "  if token_less(TOKEN_MAX, v) then return nil end\n"                             \
+  "  return v\n"                                                                    \
+  "end\n"                                                                           \
+  "local function token_next(v)\n"                                                  \
+  "  if v == TOKEN_MAX then return nil end\n"                                       \
+  "  local i = #v\n"                                                                \
+  "  while i > 0 and string.byte(v, i) == 57 do i = i - 1 end\n"                    \
+  "  if i == 0 then return '1' .. string.rep('0', #v) end\n"                        \
+  "  return string.sub(v, 1, i - 1) .. string.char(string.byte(v, i) + 1) ..\n"     \
+  "         string.rep('0', #v - i)\n"                                              \
+  "end\n"                                                                           \
+  "local function read_token(k)\n"                                                  \
+  "  return token_of(redis.pcall('GET', k))\n"                                      \
+  "end\n"                                                                           \
+  "-- The next token: above the last one issued (either copy that is valid) and\n"  \
+  "-- at least the server's time in microseconds; nil and the last one past\n"      \
+  "-- 2^64 - 1. Writes nothing.\n"                                                  \
+  "local function next_token()\n"                                                   \
+  "  local text = token_of(T[1] .. string.format('%06d', tonumber(T[2]))) or '1'\n" \
+  "  for _, k in ipairs(TOKEN_KEYS) do\n"                                           \
+  "    local last = read_token(k)\n"                                                \
+  "    if last then\n"                                                              \
+  "      local after = token_next(last)\n"                                          \
+  "      if not after then return nil, last end\n"                                  \
+  "      if token_less(text, after) then text = after end\n"                        \
+  "    end\n"                                                                       \
+  "  end\n"                                                                         \
+  "  return text\n"                                                                 \
+  "end\n"
+
+// Shared leases' reservations on a GPU (docs/design-redis.md, "Shared leases"): `lock:UUID` holds
+// SHARED_MARK instead of a lease id, with the TTL of the reservation that ends last;
+// `shares:UUID` scores each shared lease's id by when its reservation expires, and
+// `share_units:UUID` gives its memory units. A reservation whose expiry passed counts for
+// nothing (as an expired lock), and goes at the next write that looks at the GPU. While no key
+// marks the GPU shared, whatever the two keys hold has expired.
+#define GPULOCK_LUA_SHARES                                                                     \
+  "local SHARED_MARK = '=shared'\n"                                                            \
+  "local function share_keys(uuid)\n"                                                          \
+  "  return P .. 'shares:' .. uuid, P .. 'share_units:' .. uuid\n"                             \
+  "end\n"                                                                                      \
+  "-- The live reservations {id, units, expiry ms}; with `purge`, expired ones are removed.\n" \
+  "local function live_shares(uuid, purge)\n"                                                  \
+  "  local S, U = share_keys(uuid)\n"                                                          \
+  "  if redis.call('TYPE', S).ok ~= 'zset' or redis.call('TYPE', U).ok ~= 'hash' then\n"       \
+  "    if purge then redis.call('DEL', S, U) end\n"                                            \
+  "    return {}\n"                                                                            \
+  "  end\n"                                                                                    \
+  "  if purge then\n"                                                                          \
+  "    for _, id in ipairs(redis.call('ZRANGEBYSCORE', S, '-inf', now_ms)) do\n"               \
+  "      redis.call('ZREM', S, id)\n"                                                          \
+  "      redis.call('HDEL', U, id)\n"                                                          \
+  "    end\n"                                                                                  \
+  "  end\n"                                                                                    \
+  "  local out = {}\n"                                                                         \
+  "  local m = redis.call('ZRANGEBYSCORE', S, '(' .. now_ms, '+inf', 'WITHSCORES')\n"          \
+  "  for i = 1, #m, 2 do\n"                                                                    \
+  "    local units = tonumber(redis.call('HGET', U, m[i]) or '') or 0\n"                       \
+  "    table.insert(out, {m[i], units, tonumber(m[i + 1])})\n"                                 \
+  "  end\n"                                                                                    \
+  "  return out\n"                                                                             \
+  "end\n"                                                                                      \
+  "-- After a reservation ended: the mark lasts as long as the last one left, or goes.\n"      \
+  "local function settle_mark(uuid)\n"                                                         \
+  "  local S, U = share_keys(uuid)\n"                                                          \
+  "  local live = live_shares(uuid, true)\n"                                                   \
+  "  local M = P .. 'lock:' .. uuid\n"                                                         \
+  "  if #live == 0 then\n"                                                                     \
+  "    redis.call('DEL', S, U)\n"                                                              \
+  "    if get(M) == SHARED_MARK then redis.call('DEL', M) end\n"                               \
+  "    return\n"                                                                               \
+  "  end\n"                                                                                    \
+  "  local last = 0\n"                                                                         \
+  "  for _, r in ipairs(live) do last = math.max(last, r[3]) end\n"                            \
+  "  if get(M) == SHARED_MARK then redis.call('PEXPIREAT', M, last) end\n"                     \
+  "  redis.call('PEXPIREAT', S, last)\n"                                                       \
+  "  redis.call('PEXPIREAT', U, last)\n"                                                       \
+  "end\n"                                                                                      \
+  "-- The reservations' keys go with the mark (no GPU keeps them once nobody writes to it).\n" \
+  "local function expire_with_mark(uuid)\n"                                                    \
+  "  local S, U = share_keys(uuid)\n"                                                          \
+  "  local left = redis.call('PTTL', P .. 'lock:' .. uuid)\n"                                  \
+  "  if left > 0 then\n"                                                                       \
+  "    redis.call('PEXPIRE', S, left)\n"                                                       \
+  "    redis.call('PEXPIRE', U, left)\n"                                                       \
+  "  end\n"                                                                                    \
   "end\n"
 
 }  // namespace
@@ -133,7 +206,7 @@ end
 return changed and 1 or 0
 )lua"};
 
-const RedisScript kSnapshot{"snapshot", GPULOCK_LUA_PRELUDE R"lua(
+const RedisScript kSnapshot{"snapshot", GPULOCK_LUA_PRELUDE GPULOCK_LUA_SHARES R"lua(
 -- The scope: the hosts named (one per line), widened to the hosts every queued ticket may use;
 -- the whole pool when ARGV[1] is empty or a ticket may use any host.
 local whole = ARGV[1] == ''
@@ -233,15 +306,27 @@ for _, entry in ipairs(listed) do
       local lock = get(lock_key)
       local ttl = -2  -- no key: only a held GPU's lock has a TTL worth asking for
       if lock ~= '' then ttl = redis.call('PTTL', lock_key) end
-      for _, v in ipairs({uuid, host, g[2] or '', g[3] or '', g[4] or '', lock, ttl}) do
+      local holders, shares = {}, {}
+      if lock == SHARED_MARK then
+        for _, r in ipairs(live_shares(uuid, false)) do
+          table.insert(holders, r[1])
+          table.insert(shares, r[1] .. ' ' .. string.format('%d %d', r[2], r[3] - now_ms))
+        end
+      elseif lock ~= '' and lock ~= '!garbage' then
+        holders = {lock}
+      end
+      for _, v in ipairs({uuid, host, g[2] or '', g[3] or '', g[4] or '', lock, ttl,
+                          table.concat(shares, '\n')}) do
         table.insert(gpus_out, v)
       end
-      if lock ~= '' and lock ~= '!garbage' and not seen[lock] then
-        seen[lock] = true
-        local lease = hmget(P .. 'lease:' .. lock, 'record', 'token')
-        for _, v in ipairs({lock, lease[1] or '', lease[2] or '',
-                            redis.call('PTTL', P .. 'lease:' .. lock)}) do
-          table.insert(leases_out, v)
+      for _, holder in ipairs(holders) do
+        if not seen[holder] then
+          seen[holder] = true
+          local lease = hmget(P .. 'lease:' .. holder, 'record', 'token')
+          for _, v in ipairs({holder, lease[1] or '', lease[2] or '',
+                              redis.call('PTTL', P .. 'lease:' .. holder)}) do
+            table.insert(leases_out, v)
+          end
         end
       end
     end
@@ -308,17 +393,9 @@ for i = 11, #ARGV do
 end
 if #chosen < needed then return {'busy'} end
 if redis.call('EXISTS', P .. 'lease:' .. id) == 1 then return {'busy'} end
--- The next token: above the last one issued (either copy that is valid) and at least the
--- server's time in microseconds. Past 2^64 - 1 there is none: fail before writing anything.
-local token_text = token_of(T[1] .. string.format('%06d', tonumber(T[2]))) or '1'
-for _, k in ipairs(TOKEN_KEYS) do
-  local last = read_token(k)
-  if last then
-    local after = token_next(last)
-    if not after then return {'exhausted', last} end
-    if token_less(token_text, after) then token_text = after end
-  end
-end
+-- Past 2^64 - 1 there is no next token: fail before writing anything.
+local token_text, last_token = next_token()
+if not token_text then return {'exhausted', last_token} end
 for _, k in ipairs(TOKEN_KEYS) do redis.call('SET', k, token_text) end
 for _, uuid in ipairs(chosen) do redis.call('SET', P .. 'lock:' .. uuid, id, 'PX', ttl) end
 own_key(P .. 'lease:' .. id, 'hash')
@@ -341,7 +418,7 @@ for _, uuid in ipairs(chosen) do table.insert(out, uuid) end
 return out
 )lua"};
 
-const RedisScript kRelease{"release", GPULOCK_LUA_PRELUDE R"lua(
+const RedisScript kRelease{"release", GPULOCK_LUA_PRELUDE GPULOCK_LUA_SHARES R"lua(
 local id = ARGV[1]
 local uuids = {}
 for i = 2, #ARGV do table.insert(uuids, ARGV[i]) end
@@ -353,9 +430,18 @@ if #uuids == 0 then
 end
 local released = 0
 for _, uuid in ipairs(uuids) do
-  if get(P .. 'lock:' .. uuid) == id then
+  local lock = get(P .. 'lock:' .. uuid)
+  if lock == id then
     redis.call('DEL', P .. 'lock:' .. uuid)
     released = released + 1
+  elseif lock == SHARED_MARK then
+    -- A shared lease: its reservation goes, the others stay.
+    local S, U = share_keys(uuid)
+    if redis.pcall('ZREM', S, id) == 1 then
+      redis.pcall('HDEL', U, id)
+      released = released + 1
+    end
+    settle_mark(uuid)
   end
 end
 local fields = hmget(P .. 'lease:' .. id, 'ttl', 'user', 'host')
@@ -415,6 +501,161 @@ end
 return {'ok'}
 )lua"};
 
+const RedisScript kAcquireShared{"acquire_shared",
+                                 GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_SHARES R"lua(
+redis.call('PUBLISH', P .. 'events', 'acquiring')
+local id, ttl = ARGV[1], tonumber(ARGV[2])
+local needed, cap, spread = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
+-- No shared lease starts while a request waits in the queue: those are for whole GPUs, and a
+-- stream of small jobs must not starve them.
+local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1)
+if members.err then members = {} end
+for _, m in ipairs(members) do
+  if redis.call('EXISTS', P .. 'ticket:' .. m) == 1 then return {'queue'} end
+  redis.call('ZREM', P .. 'queue', m)
+end
+if redis.call('EXISTS', P .. 'lease:' .. id) == 1 then return {'busy'} end
+-- The candidates that fit, by host (in the order given).
+local hosts, fitting = {}, {}
+for i = 9, #ARGV - 3, 4 do
+  local uuid, host = ARGV[i], ARGV[i + 1]
+  local capacity, wanted = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  local lock = get(P .. 'lock:' .. uuid)
+  if capacity and wanted and (lock == '' or lock == SHARED_MARK) and
+     redis.call('EXISTS', P .. 'gpu:' .. uuid) == 1 then
+    local held, jobs = 0, 0
+    if lock == SHARED_MARK then
+      for _, r in ipairs(live_shares(uuid, true)) do
+        held = held + r[2]
+        jobs = jobs + 1
+      end
+    end
+    if capacity - held >= wanted and (not cap or jobs < cap) then
+      if not fitting[host] then
+        fitting[host] = {}
+        table.insert(hosts, host)
+      end
+      table.insert(fitting[host], {uuid = uuid, free = capacity - held, wanted = wanted, at = i})
+    end
+  end
+end
+-- All on one host: the first that has enough. Pack (the least free memory that fits first, so
+-- whole GPUs stay whole for exclusive leases), or spread (the most first); ties in given order.
+local chosen
+for _, host in ipairs(hosts) do
+  if #fitting[host] >= needed then
+    chosen = fitting[host]
+    table.sort(chosen, function(a, b)
+      if a.free ~= b.free then
+        if spread then return a.free > b.free end
+        return a.free < b.free
+      end
+      return a.at < b.at
+    end)
+    while #chosen > needed do table.remove(chosen) end
+    break
+  end
+end
+if not chosen or needed < 1 then return {'busy'} end
+local token_text, last_token = next_token()
+if not token_text then return {'exhausted', last_token} end
+for _, k in ipairs(TOKEN_KEYS) do redis.call('SET', k, token_text) end
+local uuids, units = {}, {}
+for _, c in ipairs(chosen) do
+  local M = P .. 'lock:' .. c.uuid
+  local S, U = share_keys(c.uuid)
+  if get(M) == SHARED_MARK then
+    if redis.call('PTTL', M) < ttl then redis.call('PEXPIRE', M, ttl) end
+  else
+    redis.call('DEL', S, U)  -- expired reservations of before
+    redis.call('SET', M, SHARED_MARK, 'PX', ttl)
+  end
+  redis.call('ZADD', S, now_ms + ttl, id)
+  redis.call('HSET', U, id, c.wanted)
+  expire_with_mark(c.uuid)
+  table.insert(uuids, c.uuid)
+  table.insert(units, string.format('%d', c.wanted))
+end
+own_key(P .. 'lease:' .. id, 'hash')
+redis.call('HSET', P .. 'lease:' .. id, 'record', ARGV[3], 'token', token_text,
+           'gpus', table.concat(uuids, ','), 'units', table.concat(units, ','), 'user', ARGV[4],
+           'host', chosen[1] and ARGV[chosen[1].at + 1] or '', 'ttl', ARGV[2])
+redis.call('PEXPIRE', P .. 'lease:' .. id, ttl)
+own_key(P .. 'served:' .. ARGV[4], 'string')
+redis.call('SET', P .. 'served:' .. ARGV[4], now_ms, 'EX', 2592000)
+own_key(P .. 'held:' .. ARGV[4], 'zset')
+redis.call('ZADD', P .. 'held:' .. ARGV[4], now_ms + ttl, id)
+if ARGV[8] == '1' or someone_waits() then bump('acquire') end
+local out = {'ok', token_text}
+for i, uuid in ipairs(uuids) do
+  table.insert(out, uuid)
+  table.insert(out, units[i])
+end
+return out
+)lua"};
+
+const RedisScript kRenewShared{"renew_shared",
+                               GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_SHARES R"lua(
+local id, ttl = ARGV[1], tonumber(ARGV[2])
+if redis.call('EXISTS', P .. 'ended:' .. id) == 1 then return {'lost', '', 'released'} end
+local marked = {}
+for i = 7, #ARGV - 1, 2 do
+  local uuid = ARGV[i]
+  local lock = get(P .. 'lock:' .. uuid)
+  if lock == SHARED_MARK then
+    local S = share_keys(uuid)
+    local expiry = tonumber(redis.pcall('ZSCORE', S, id)) or nil
+    -- Expired: its memory counted as free from then on, and may be someone else's now.
+    if not expiry or expiry <= now_ms then return {'lost', uuid, 'expired'} end
+    marked[uuid] = true
+  elseif lock ~= '' then
+    return {'lost', uuid, lock}
+  end
+end
+local restored = false
+local uuids, units = {}, {}
+for i = 7, #ARGV - 1, 2 do
+  local uuid = ARGV[i]
+  local M = P .. 'lock:' .. uuid
+  local S, U = share_keys(uuid)
+  if marked[uuid] then
+    if redis.call('PTTL', M) < ttl then redis.call('PEXPIRE', M, ttl) end
+  else
+    -- Nobody holds the GPU (the server restarted empty): the reservation comes back.
+    redis.call('DEL', S, U)
+    redis.call('SET', M, SHARED_MARK, 'PX', ttl)
+    restored = true
+  end
+  redis.call('ZADD', S, now_ms + ttl, id)
+  redis.call('HSET', U, id, ARGV[i + 1])
+  expire_with_mark(uuid)
+  table.insert(uuids, uuid)
+  table.insert(units, ARGV[i + 1])
+end
+local lease = P .. 'lease:' .. id
+if redis.call('TYPE', lease).ok ~= 'hash' then
+  redis.call('DEL', lease)
+  restored = true
+end
+redis.call('HSET', lease, 'record', ARGV[4], 'token', ARGV[3], 'gpus', table.concat(uuids, ','),
+           'units', table.concat(units, ','), 'user', ARGV[5], 'host', ARGV[6], 'ttl', ARGV[2])
+redis.call('PEXPIRE', lease, ttl)
+own_key(P .. 'held:' .. ARGV[5], 'zset')
+redis.call('ZADD', P .. 'held:' .. ARGV[5], now_ms + ttl, id)
+local held = token_of(ARGV[3])
+if held then
+  for _, k in ipairs(TOKEN_KEYS) do
+    local last = read_token(k)
+    if not last or token_less(last, held) then redis.call('SET', k, held) end
+  end
+end
+if restored then
+  bump('renew')
+  return {'restored'}
+end
+return {'ok'}
+)lua"};
+
 const RedisScript kEnter{"enter", GPULOCK_LUA_PRELUDE R"lua(
 local seq = redis.pcall('INCR', P .. 'queue_seq')
 if type(seq) == 'table' then
@@ -454,6 +695,7 @@ end
 return woken
 )lua"};
 
+#undef GPULOCK_LUA_SHARES
 #undef GPULOCK_LUA_TOKENS
 #undef GPULOCK_LUA_PRELUDE
 

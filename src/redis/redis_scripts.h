@@ -21,8 +21,11 @@ extern const RedisScript kRegister;
 // scope widens to the hosts every queued ticket may use, and to every host when a ticket may use
 // any. Returns {version, server time ms, hosts, gpus, leases, tickets, elsewhere, whole}:
 //   hosts:     flat {name, registered_at ms, info}... of the scope's registered hosts
-//   gpus:      flat {uuid, host, info, readings, readings_at ms, lock value, lock pttl}...
-//   leases:    flat {id, record, token, pttl}... for every lease holding a listed GPU
+//   gpus:      flat {uuid, host, info, readings, readings_at ms, lock value, lock pttl,
+//              shares}... where shares, for a GPU held by shared leases (lock value
+//              kSharedMark), has one line "LEASE_ID UNITS PTTL" per live reservation
+//   leases:    flat {id, record, token, pttl}... for every lease holding a listed GPU (shared
+//              ones included)
 //   tickets:   flat {id, seq, body, user, user last served ms, ticket pttl}... in arrival order
 //   elsewhere: flat {user, GPUs}... held outside the scope by `user` and each queued user, from
 //              their `held:USER` sets (lease ids scored by expiry); empty when whole
@@ -47,7 +50,9 @@ extern const RedisScript kSnapshot;
 extern const RedisScript kAcquire;
 
 // ARGV: lease id, then its UUIDs (none: those the lease's record lists). Deletes each lock that
-// names this lease (compare-and-delete) and the lease, and leaves an "ended" mark for two of the
+// names this lease (compare-and-delete), or, on a GPU held by shared leases, this lease's
+// reservation only (the GPU's mark then lasts as long as the last reservation left), and the
+// lease, and leaves an "ended" mark for two of the
 // lease's TTLs so that the holder's next renewal reports the lease lost instead of re-creating
 // it. Returns how
 // many locks it deleted. The version moves only when someone waits; then the first two tickets
@@ -60,6 +65,27 @@ extern const RedisScript kRelease;
 // release by someone else). Raises `token` and `token_copy` (any that is garbage, too) to at
 // least this lease's token.
 extern const RedisScript kRenew;
+
+// The lock value of a GPU held by shared leases (never a lease id).
+inline constexpr const char* kSharedMark = "=shared";
+
+// ARGV: lease id, ttl ms, record (JSON), user, needed, jobs cap per GPU ("" = none), spread
+// ("1") or pack, limited ("1"), then per candidate: UUID, host, capacity (memory
+// units shared leases may hold there: its units less the reserve and memory used outside
+// gpulock), units wanted there. Only while no live ticket waits in the queue (else {"queue"}):
+// reserves on `needed` candidates of one host (the first host, in the order given, with enough)
+// each not held exclusively, whose live reservations leave room for its units and, with a cap,
+// number fewer than the cap, packing (least room first) or spreading; or on none ({"busy"}).
+// Returns {"ok", token, UUID, units, UUID, units...} or {"exhausted", last token}, tokens as
+// kAcquire's. A reservation expires with the lease's TTL unless renewed (kRenewShared).
+extern const RedisScript kAcquireShared;
+
+// ARGV: lease id, ttl ms, token, record, user, host, then per GPU: UUID, units. Extends the
+// lease's reservations (and each GPU's mark to at least the TTL); re-creates them where nobody
+// holds the GPU (the server restarted empty). Returns {"ok"}, {"restored"}, or {"lost", UUID,
+// holder}: a lease id (held exclusively), "expired" (the reservation's TTL passed) or, with
+// UUID "", "released".
+extern const RedisScript kRenewShared;
 
 // ARGV: ticket id, ttl ms, body (JSON), user, hosts it may be served from (each followed by a
 // newline; "" = any). Joins the queue at the back; returns the seq.

@@ -9,6 +9,7 @@
 #include "backend/device_fitness.h"
 #include "backend/gpu_status.h"
 #include "backend/release_checks.h"
+#include "backend/shared_memory_units.h"
 #include "gpulock/error.hpp"
 #include "process/process_identity.h"
 #include "redis/redis_backend.h"
@@ -19,20 +20,52 @@
 
 namespace gpulock {
 
-GpuStatus RedisBackend::describe(const Gpu& g, const Snapshot& snap) const {
+LockState RedisBackend::lock_state_of(const Gpu& g, const Snapshot& snap) const {
   LockState lock;
   if (g.lock == "!garbage") {
     lock.error = "its lock key in Redis holds something that is not a lease (see gpulock doctor)";
+  } else if (g.shared()) {
+    lock.locked = true;
+    lock.shared = true;
+    for (const Share& share : g.shares) {
+      ++lock.shared_jobs;
+      lock.shared_reserved_bytes += share.units * kSharedMemoryUnitBytes;
+      if (const auto it = snap.leases.find(share.lease_id);
+          it != snap.leases.end() && it->second.record)
+        lock.shared_records.push_back(*it->second.record);
+    }
   } else if (!g.lock.empty()) {
     lock.locked = true;
     if (const auto it = snap.leases.find(g.lock); it != snap.leases.end())
       lock.record = it->second.record;
   }
-  const bool holder_here = lock.record && lock.record->host == settings_.host;
+  return lock;
+}
+
+GpuStatus RedisBackend::describe(const Gpu& g, const Snapshot& snap) const {
+  const LockState lock = lock_state_of(g, snap);
+  bool holder_here = lock.record && lock.record->host == settings_.host;
+  // Shared leases may be held from several hosts: their processes are checked here for those
+  // of this host, and the others' are put right below.
+  if (lock.shared)
+    holder_here = std::any_of(lock.shared_records.begin(), lock.shared_records.end(),
+                              [&](const HolderRecord& r) { return r.host == settings_.host; });
   GpuStatus gpu = gpu_status_of(g.device, lock, config_, g.local, holder_here);
   gpu.host = g.host;
   // On another host, a lease that is being renewed is alive.
-  if (gpu.holder && !holder_here) gpu.holder->holder_alive = snap.leases.at(g.lock).ttl_ms > 0;
+  const auto renewed = [&](const std::string& id) {
+    const auto it = snap.leases.find(id);
+    return it != snap.leases.end() && it->second.ttl_ms > 0;
+  };
+  if (gpu.holder && !holder_here) gpu.holder->holder_alive = renewed(g.lock);
+  if (gpu.shared)
+    for (HolderInfo& h : gpu.shared->leases)
+      if (h.host != settings_.host) {
+        // Its pids mean nothing here: alive while renewed, its memory use unknown from here.
+        h.holder_alive = renewed(h.lease_id);
+        h.memory_used_bytes = 0;
+        h.over_reservation = false;
+      }
   return gpu;
 }
 

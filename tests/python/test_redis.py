@@ -196,3 +196,22 @@ def test_a_forked_child_leaves_the_lease_to_its_parent(redis):
     finally:
         lease.release()
     assert lock_holder(redis, lease.gpus[0]) is None
+
+
+def test_a_shared_lease_is_a_reservation_in_redis(gl, redis):
+    gib = 1 << 30
+    with gpulock.lease(mem="50G", gpus="0") as lease:
+        assert lease.memory_bytes == 50 * gib
+        assert lease.fencing_token > 0
+        assert os.environ["GPULOCK_MEMORY_LIMIT_BYTES"] == str(50 * gib)
+        uuid = lease.gpus[0]
+        assert lock_holder(redis, uuid) == "=shared"
+        assert redis.command("ZSCORE", "gpulock:{pytest}:shares:" + uuid, lease.id) is not None
+        # Checked with the real binary: 30 GiB are left, and the whole GPU is not free.
+        left = gl.cli("run", "--gpus", "0", "--mem", "31G", "--no-wait", "--", "true")
+        assert left.returncode == EX_TEMPFAIL, left.stderr
+        fits = gl.cli("run", "--gpus", "0", "--mem", "30G", "--no-wait", "--", "true")
+        assert fits.returncode == 0, fits.stderr
+        whole = gl.cli("run", "--gpus", "0", "--no-wait", "--", "true")
+        assert whole.returncode == EX_TEMPFAIL, whole.stderr
+    assert lock_holder(redis, uuid) is None

@@ -694,6 +694,146 @@ TEST_P(GpuPoolContractTest, MovedPoolKeepsWorking) {
   ExpectError([&] { assigned.acquire(Count(1)); }, ErrorCode::kTimedOut);
 }
 
+// --- shared leases (several jobs per GPU by memory) ----------------------------------------
+// Simulated GPUs have 80 GiB each. What a GPU carries is read back from status() and checked
+// against the leases the test holds.
+
+LeaseRequest Shared(std::uint64_t gib, unsigned count = 1) {
+  LeaseRequest request = Count(count);
+  request.memory_bytes = gib * kGiB;
+  return request;
+}
+
+// The shared use of GPU `index` in a status, or nullopt when no shared lease holds it.
+std::optional<SharedUse> SharedOn(const PoolStatus& status, unsigned index) {
+  for (const auto& gpu : status.gpus)
+    if (gpu.device.index == index) return gpu.shared;
+  return std::nullopt;
+}
+
+TEST_P(GpuPoolContractTest, SharedLeasesCoexistUpToTheGpusMemory) {
+  GpuPool pool = Pool(1);
+  Lease a = pool.acquire(Shared(30));
+  Lease b = pool.acquire(Shared(30));
+  EXPECT_NE(a.id(), b.id());
+  EXPECT_EQ(a.memory_bytes(), 30 * kGiB);
+  EXPECT_EQ(Indices(a), (std::vector<unsigned>{0}));
+  EXPECT_EQ(Indices(b), (std::vector<unsigned>{0}));
+  if (redis()) {
+    EXPECT_NE(a.fencing_token(), b.fencing_token());
+  }
+  ExpectError([&] { pool.acquire(Shared(21)); }, ErrorCode::kTimedOut, "memory");
+  Lease c = pool.acquire(Shared(20));  // exactly the rest
+  const auto shared = SharedOn(pool.status(), 0);
+  ASSERT_TRUE(shared.has_value());
+  EXPECT_EQ(shared->jobs, 3u);
+  EXPECT_EQ(shared->reserved_bytes, 80 * kGiB);
+  std::set<std::string> ids;
+  for (const auto& h : shared->leases) ids.insert(h.lease_id);
+  EXPECT_EQ(ids, (std::set<std::string>{a.id(), b.id(), c.id()}));
+  ExpectError([&] { pool.acquire(Shared(1)); }, ErrorCode::kTimedOut);
+}
+
+TEST_P(GpuPoolContractTest, ExclusiveAndSharedLeasesExcludeEachOther) {
+  GpuPool pool = Pool(1);
+  std::optional<Lease> exclusive(pool.acquire(Count(1)));
+  ExpectError([&] { pool.acquire(Shared(1)); }, ErrorCode::kTimedOut);
+  exclusive.reset();
+  std::optional<Lease> shared(pool.acquire(Shared(1)));
+  ExpectError([&] { pool.acquire(Count(1)); }, ErrorCode::kTimedOut);
+  const PoolStatus status = pool.status();
+  ASSERT_EQ(status.gpus.size(), 1u);
+  EXPECT_EQ(status.gpus[0].state, GpuState::kLeased);
+  EXPECT_FALSE(status.gpus[0].holder.has_value());
+  shared.reset();
+  Lease whole = pool.acquire(Count(1));
+  EXPECT_FALSE(SharedOn(pool.status(), 0).has_value());
+}
+
+TEST_P(GpuPoolContractTest, ReleasingASharedLeaseFreesExactlyItsMemory) {
+  GpuPool pool = Pool(1);
+  std::optional<Lease> a(pool.acquire(Shared(40)));
+  Lease b = pool.acquire(Shared(30));
+  ExpectError([&] { pool.acquire(Shared(11)); }, ErrorCode::kTimedOut);
+  a.reset();
+  ExpectError([&] { pool.acquire(Shared(51)); }, ErrorCode::kTimedOut);
+  Lease c = pool.acquire(Shared(50));
+  const auto shared = SharedOn(pool.status(), 0);
+  ASSERT_TRUE(shared.has_value());
+  EXPECT_EQ(shared->jobs, 2u);
+  EXPECT_EQ(shared->reserved_bytes, 80 * kGiB);
+}
+
+TEST_P(GpuPoolContractTest, SharedLeasesOnSeveralGpusAreAllOrNothing) {
+  GpuPool pool = Pool(3);
+  Lease whole = pool.acquire(Named({"1"}));
+  ExpectError([&] { pool.acquire(Shared(10, 3)); }, ErrorCode::kTimedOut);
+  LeaseRequest named = Shared(10);
+  named.gpus = {"0", "1", "2"};
+  ExpectError([&] { pool.acquire(named); }, ErrorCode::kTimedOut);
+  EXPECT_FALSE(SharedOn(pool.status(), 0).has_value());  // nothing was left on GPU 0 or 2
+  EXPECT_FALSE(SharedOn(pool.status(), 2).has_value());
+  Lease two = pool.acquire(Shared(10, 2));
+  EXPECT_EQ(Indices(two), (std::vector<unsigned>{0, 2}));
+  EXPECT_EQ(SharedOn(pool.status(), 2)->jobs, 1u);
+}
+
+TEST_P(GpuPoolContractTest, SharedLeasesRespectTheJobCapAndSlots) {
+  PoolOptions options = Options();
+  Config config;
+  config.max_jobs_per_gpu = 2;
+  options.config = config;
+  {
+    GpuPool capped(make_simulated_source(1), options);
+    Lease a = capped.acquire(Shared(1));
+    Lease b = capped.acquire(Shared(1));
+    ExpectError([&] { capped.acquire(Shared(1)); }, ErrorCode::kTimedOut);
+  }
+  GpuPool slotted = Pool(1);
+  LeaseRequest quarter = Count(1);
+  quarter.slots = 4;
+  std::vector<Lease> quarters;
+  for (int i = 0; i < 4; ++i) quarters.push_back(slotted.acquire(quarter));
+  EXPECT_EQ(quarters[0].memory_bytes(), 20 * kGiB);
+  ExpectError([&] { slotted.acquire(quarter); }, ErrorCode::kTimedOut);
+}
+
+TEST_P(GpuPoolContractTest, SharedLeasesPackByDefaultAndSpreadOnRequest) {
+  GpuPool pool = Pool(2);
+  Lease a = pool.acquire(Shared(10));
+  Lease b = pool.acquire(Shared(10));
+  EXPECT_EQ(Indices(b), Indices(a));  // the partly used GPU first
+  LeaseRequest spread = Shared(10);
+  spread.spread = true;
+  Lease c = pool.acquire(spread);
+  EXPECT_NE(Indices(c), Indices(a));  // the emptiest
+}
+
+TEST_P(GpuPoolContractTest, MemoryUsedOutsideGpulockAndTheReserveCount) {
+  PoolOptions options = Options();
+  Config config;
+  config.shared_memory_reserve_bytes = 10 * kGiB;
+  options.config = config;
+  GpuPool pool = PoolFromFile(R"({"gpus": [{"processes": [{"pid": 4194304,
+                                            "used_memory": "20G"}]}]})",
+                              options);
+  ExpectError([&] { pool.acquire(Shared(51)); }, ErrorCode::kTimedOut);
+  Lease fits = pool.acquire(Shared(50));
+  ExpectError([&] { pool.acquire(Shared(81)); }, ErrorCode::kUnsatisfiable);
+}
+
+TEST_P(GpuPoolContractTest, WaitingSharedRequestIsServedWhenMemoryFrees) {
+  GpuPool pool = Pool(1);
+  std::optional<Lease> held(pool.acquire(Shared(60)));
+  LeaseRequest request = Waiting(Shared(40));
+  BackgroundAcquire waiter(pool, request);
+  waiter.WaitUntilWaiting();
+  held.reset();
+  std::optional<Lease>& got = waiter.Finish();
+  ASSERT_TRUE(got.has_value()) << Describe(waiter.failure());
+  EXPECT_EQ(got->memory_bytes(), 40 * kGiB);
+}
+
 // --- health filters -----------------------------------------------------------------------
 
 class HealthContractTest : public GpuPoolContractTest {

@@ -362,5 +362,56 @@ TEST(RedisGpuPoolLoginTest, AWrongPasswordIsRefusedAndTheRightOnesWork) {
   EXPECT_TRUE(admin.acquire(Count(1)).active());
 }
 
+// --- shared leases ------------------------------------------------------------------------
+
+LeaseRequest SharedCount(std::uint64_t gib, std::vector<std::string> hosts = {}) {
+  LeaseRequest request = Count(1, std::move(hosts));
+  request.memory_bytes = gib << 30;
+  return request;
+}
+
+TEST_F(RedisGpuPoolTest, ASharedLeaseWhoseGpuIsTakenOverIsLost) {
+  GpuPool pool = Pool("hostA", 1, std::nullopt, 900ms);
+  Lease lease = pool.acquire(SharedCount(10));
+  std::promise<std::string> reason;
+  lease.on_lost([&](const std::string& why) { reason.set_value(why); });
+  const std::string uuid = lease.gpus().at(0).uuid;
+  server_.command({"DEL", keys_.prefix() + "shares:" + uuid});
+  server_.command({"SET", keys_.lock(uuid), make_lease_id(), "PX", "60000"});
+  auto lost = reason.get_future();
+  ASSERT_EQ(lost.wait_for(30s), std::future_status::ready);
+  EXPECT_NE(lost.get().find("another lease"), std::string::npos);
+  EXPECT_TRUE(lease.lost());
+}
+
+TEST_F(RedisGpuPoolTest, VerifyOfASharedLeaseAsksForItsReservation) {
+  GpuPool pool = Pool("hostA", 1, std::nullopt, 30s);  // renewals far apart: only verify() asks
+  Lease lease = pool.acquire(SharedCount(10));
+  Lease other = pool.acquire(SharedCount(10));
+  EXPECT_EQ(lease.verify(), lease.fencing_token());
+  server_.command({"ZREM", keys_.prefix() + "shares:" + lease.gpus().at(0).uuid, lease.id()});
+  ExpectError([&] { lease.verify(); }, ErrorCode::kNotFound, "reservation");
+  EXPECT_TRUE(lease.lost());
+  EXPECT_EQ(other.verify(), other.fencing_token());
+}
+
+TEST_F(RedisGpuPoolTest, ASharedLeaseOnAnotherHostsGpuShowsThereWithItsHolder) {
+  GpuPool a = Pool("hostA", 1);
+  GpuPool b = Pool("hostB", 1);
+  b.status();  // registers hostB's GPU
+  Lease lease = a.acquire(SharedCount(30, {"hostB"}));
+  EXPECT_EQ(lease.host(), "hostB");
+  EXPECT_EQ(lease.gpus().at(0).uuid, TestUuid("hostB", 0));
+  Lease local = b.acquire(SharedCount(50));
+  ExpectError([&] { a.acquire(SharedCount(1, {"hostB"})); }, ErrorCode::kTimedOut);
+  const PoolStatus seen = b.status();
+  ASSERT_EQ(seen.gpus.size(), 1u);
+  ASSERT_TRUE(seen.gpus[0].shared.has_value());
+  EXPECT_EQ(seen.gpus[0].shared->jobs, 2u);
+  std::map<std::string, bool> alive;
+  for (const auto& h : seen.gpus[0].shared->leases) alive[h.host] = h.holder_alive;
+  EXPECT_EQ(alive, (std::map<std::string, bool>{{"hostA", true}, {"hostB", true}}));
+}
+
 }  // namespace
 }  // namespace gpulock

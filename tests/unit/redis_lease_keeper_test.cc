@@ -75,7 +75,7 @@ class RedisLeaseKeeperTest : public ::testing::Test {
       return nullptr;
     }
     token_ = std::stoull(texts[1]);
-    RedisLeaseTerms terms{keys_.version(), ttl, lease_id_, token_, uuids_, "tester", "h1"};
+    RedisLeaseTerms terms{keys_.version(), ttl, lease_id_, token_, uuids_, "tester", "h1", {}};
     return std::make_unique<RedisLeaseKeeper>(std::move(terms), "{\"record\":1}", cache_,
                                               sent - backdate);
   }

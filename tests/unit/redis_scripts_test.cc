@@ -84,6 +84,41 @@ class RedisScriptsTest : public ::testing::Test {
     args.insert(args.end(), uuids.begin(), uuids.end());
     return Texts(conn_->run(redis_scripts::kRenew, {keys_.version()}, args));
   }
+  // kAcquireShared of `needed` GPUs among `candidates` (each with 320 units of room, 80 GiB)
+  // wanting `units` on each; the reply's texts.
+  std::vector<std::string> TakeShared(const std::string& id,
+                                      const std::vector<std::string>& candidates, unsigned units,
+                                      unsigned needed = 1, long long ttl_ms = 60000,
+                                      const std::string& cap = "") {
+    std::vector<std::string> args{
+        id, std::to_string(ttl_ms), "{}", "tester", std::to_string(needed), cap, "0", "0"};
+    for (const auto& uuid : candidates) {
+      args.push_back(uuid);
+      args.push_back("h1");
+      args.push_back("320");
+      args.push_back(std::to_string(units));
+    }
+    return Texts(conn_->run(redis_scripts::kAcquireShared, {keys_.version()}, args));
+  }
+  std::vector<std::string> RenewShared(const std::string& id, long long ttl_ms,
+                                       const std::string& token,
+                                       const std::vector<std::pair<std::string, unsigned>>& gpus) {
+    std::vector<std::string> args{id, std::to_string(ttl_ms), token, "{}", "tester", "h1"};
+    for (const auto& [uuid, units] : gpus) {
+      args.push_back(uuid);
+      args.push_back(std::to_string(units));
+    }
+    return Texts(conn_->run(redis_scripts::kRenewShared, {keys_.version()}, args));
+  }
+  // The `shares:` sorted set of a GPU: lease id -> expiry ms, read with plain commands.
+  std::map<std::string, long long> Shares(const std::string& uuid) {
+    std::map<std::string, long long> out;
+    const RedisValue v =
+        Cmd({"ZRANGE", keys_.prefix() + "shares:" + uuid, "0", "-1", "WITHSCORES"});
+    for (std::size_t i = 0; i + 1 < v.elements.size(); i += 2)
+      out[v.elements[i].text] = std::stoll(v.elements[i + 1].text);
+    return out;
+  }
   RedisValue Snapshot(const std::string& host = "") {
     return conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {host});
   }
@@ -95,7 +130,7 @@ class RedisScriptsTest : public ::testing::Test {
   std::string SnapshotLock(const std::string& uuid) {
     const RedisValue snap = Snapshot();
     const auto& gpus = snap.elements.at(3).elements;
-    for (std::size_t i = 0; i + 6 < gpus.size(); i += 7)
+    for (std::size_t i = 0; i + 7 < gpus.size(); i += 8)
       if (gpus[i].text == uuid) return gpus[i + 5].text;
     return "?";
   }
@@ -131,11 +166,11 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
   EXPECT_EQ(names, (std::set<std::string>{"h1", "h2"}));
   EXPECT_EQ(hosts[2], "{\"test\":true}");
   EXPECT_GT(std::stoll(hosts[1]), before - 60000);
-  // gpus: {uuid, host, info, readings, read_at, lock, pttl}..., h1's two and h2's one.
+  // gpus: {uuid, host, info, readings, read_at, lock, pttl, shares}..., h1's two and h2's one.
   const auto& gpus = snap.elements[3].elements;
-  ASSERT_EQ(gpus.size(), 21u);
+  ASSERT_EQ(gpus.size(), 24u);
   std::map<std::string, std::size_t> at;
-  for (std::size_t i = 0; i < gpus.size(); i += 7) at[gpus[i].text] = i;
+  for (std::size_t i = 0; i < gpus.size(); i += 8) at[gpus[i].text] = i;
   ASSERT_EQ(at.size(), 3u);
   const std::size_t g0 = at.at(U(0)), g1 = at.at(U(1)), g2 = at.at(TestUuid("h2", 0));
   EXPECT_EQ(gpus[g0 + 1].text, "h1");
@@ -146,6 +181,7 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
   EXPECT_EQ(gpus[g0 + 5].text, "");  // free
   EXPECT_EQ(gpus[g0 + 6].integer, -2);
   EXPECT_EQ(gpus[g1 + 5].text, "lease-a");
+  EXPECT_EQ(gpus[g1 + 7].text, "");  // no shared leases
   EXPECT_GT(gpus[g1 + 6].integer, 0);
   EXPECT_LE(gpus[g1 + 6].integer, 60000);
   // leases: {id, record, token, pttl}... for the leases holding listed GPUs.
@@ -179,7 +215,7 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
       conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h2\n", "tester"});
   EXPECT_EQ(Texts(only_h2.elements[2]).at(0), "h2");
   EXPECT_EQ(only_h2.elements[2].elements.size(), 3u);
-  EXPECT_EQ(only_h2.elements[3].elements.size(), 7u);
+  EXPECT_EQ(only_h2.elements[3].elements.size(), 8u);
   EXPECT_EQ(only_h2.elements[4].elements.size(), 0u);
   EXPECT_EQ(only_h2.elements[5].elements.size(), 0u);
   EXPECT_EQ(Texts(only_h2.elements[6]), (std::vector<std::string>{"tester", "1"}));
@@ -189,7 +225,7 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
              {"ticket-2", "60000", "{\"body\":1}", "waiter", "h1\n"});
   const RedisValue widened = Snapshot("h2\n");
   EXPECT_EQ(widened.elements[2].elements.size(), 6u);
-  EXPECT_EQ(widened.elements[3].elements.size(), 21u);
+  EXPECT_EQ(widened.elements[3].elements.size(), 24u);
   EXPECT_EQ(widened.elements[7].integer, 0);
   // An unknown host in a scope is not listed (h1 is, for the ticket).
   EXPECT_EQ(Texts(Snapshot("nowhere\n").elements[2]).at(0), "h1");
@@ -211,7 +247,7 @@ TEST_F(RedisScriptsTest, AScopedSnapshotCountsGpusHeldElsewhere) {
   EXPECT_EQ(Cmd({"ZCARD", keys_.prefix() + "held:tester"}).integer, 1);
   const RedisValue snap =
       conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h1\n", "tester"});
-  EXPECT_EQ(snap.elements[3].elements.size(), 14u);  // h1's two GPUs only
+  EXPECT_EQ(snap.elements[3].elements.size(), 16u);  // h1's two GPUs only
   EXPECT_EQ(Texts(snap.elements[6]), (std::vector<std::string>{"tester", "2"}));
   // A lease that expired counts no more, and leaves the set.
   Cmd({"ZADD", keys_.prefix() + "held:tester", "1", "far"});
@@ -867,7 +903,7 @@ TEST_F(RedisScriptsTest, GarbageInHostAndGpuKeysDoesNotMakeScriptsFail) {
   EXPECT_EQ(Cmd({"TYPE", keys_.gpu(U(0))}).text, "hash");
   EXPECT_EQ(Cmd({"TYPE", keys_.prefix() + "gpus:h1"}).text, "set");
   EXPECT_NO_THROW(snap = Snapshot());
-  EXPECT_EQ(snap.elements.at(3).elements.size(), 14u);
+  EXPECT_EQ(snap.elements.at(3).elements.size(), 16u);
   // A lease hash that is garbage: the snapshot shows it empty.
   ASSERT_EQ(Take("lease-gl", {U(0)}).at(0), "ok");
   Cmd({"DEL", keys_.lease("lease-gl")});
@@ -890,36 +926,106 @@ TEST_F(RedisScriptsTest, AGarbageHostsKeyDoesNotMakeRegisterFail) {
   EXPECT_EQ(Cmd({"TYPE", keys_.hosts()}).text, "zset");
 }
 
-}  // namespace
-// A release while someone waits wakes the first live waiter that may use the lease's host (and
-// any that look dead before it: not renewed for half their TTL), through its wake list.
-TEST_F(RedisScriptsTest, AReleaseWakesTheFirstLiveWaiterForItsHost) {
-  Register("h1", 1);
-  ASSERT_EQ(Take("lease-w", {U(0)}).at(0), "ok");
-  const auto enter = [&](const std::string& id, const std::string& hosts, long long ttl) {
-    conn_->run(redis_scripts::kEnter, {keys_.version()},
-               {id, std::to_string(ttl), "{\"body\":1}", "waiter", hosts});
-  };
-  enter("other-host", "h2\n", 60000);
-  enter("stale", "h1\n", 2000);  // as if its waiter stopped renewing it
-  enter("live", "", 60000);      // any host
-  enter("later", "h1\n", 60000);
-  Release("lease-w", {U(0)});
-  const auto wakes = [&](const std::string& id) {
-    return Cmd({"LLEN", keys_.prefix() + "wake:" + id}).integer;
-  };
-  EXPECT_EQ(wakes("other-host"), 0);
-  EXPECT_EQ(wakes("stale"), 1);
-  EXPECT_EQ(wakes("live"), 1);
-  EXPECT_EQ(wakes("later"), 0);
-  // wake: one element at most, only for tickets that exist; leaving drops the list.
-  EXPECT_EQ(conn_->run(redis_scripts::kWake, {keys_.version()}, {"live", "later", "gone"}).integer,
-            2);
-  EXPECT_EQ(wakes("live"), 1);
-  EXPECT_EQ(wakes("later"), 1);
-  EXPECT_EQ(wakes("gone"), 0);
-  conn_->run(redis_scripts::kLeave, {keys_.version()}, {"live"});
-  EXPECT_EQ(wakes("live"), 0);
+// --- shared leases: reservations per GPU (kAcquireShared, kRenewShared, kRelease) ------------
+
+TEST_F(RedisScriptsTest, SharedReservationsCoexistUpToTheRoomAndExcludeExclusiveLocks) {
+  ASSERT_EQ(Register("h1", 2).integer, 1);
+  const auto a = TakeShared("lease-sa", {U(0)}, 160);
+  const auto b = TakeShared("lease-sb", {U(0)}, 160);
+  ASSERT_EQ(a, (std::vector<std::string>{"ok", a.at(1), U(0), "160"}));
+  ASSERT_EQ(b, (std::vector<std::string>{"ok", b.at(1), U(0), "160"}));
+  EXPECT_NE(a.at(1), b.at(1));  // a fencing token each
+  EXPECT_EQ(TakeShared("lease-sc", {U(0)}, 1), (std::vector<std::string>{"busy"}));
+  // Independent reads: the mark, the reservations and their units.
+  EXPECT_EQ(Get(keys_.lock(U(0))), redis_scripts::kSharedMark);
+  EXPECT_GT(Pttl(keys_.lock(U(0))), 0);
+  const auto shares = Shares(U(0));
+  EXPECT_EQ(shares.size(), 2u);
+  EXPECT_TRUE(shares.contains("lease-sa") && shares.contains("lease-sb"));
+  EXPECT_EQ(Hash(keys_.prefix() + "share_units:" + U(0)),
+            (std::map<std::string, std::string>{{"lease-sa", "160"}, {"lease-sb", "160"}}));
+  EXPECT_EQ(Hash(keys_.lease("lease-sa")).at("units"), "160");
+  // The reservations' keys expire with the mark: nothing stays once nobody renews.
+  EXPECT_GT(Pttl(keys_.prefix() + "shares:" + U(0)), 0);
+  EXPECT_LE(Pttl(keys_.prefix() + "shares:" + U(0)), Pttl(keys_.lock(U(0))) + 1000);
+  EXPECT_GT(Pttl(keys_.prefix() + "share_units:" + U(0)), 0);
+  // An exclusive acquire is refused on the shared GPU, and a shared one on an exclusive GPU.
+  EXPECT_EQ(Take("lease-x", {U(0)}), (std::vector<std::string>{"busy"}));
+  ASSERT_EQ(Take("lease-y", {U(1)}).at(0), "ok");
+  EXPECT_EQ(TakeShared("lease-sd", {U(1)}, 1), (std::vector<std::string>{"busy"}));
+  // The snapshot lists each live reservation: "ID UNITS PTTL".
+  const RedisValue snap = Snapshot();
+  const auto& gpus = snap.elements.at(3).elements;
+  std::string lines;
+  for (std::size_t i = 0; i + 7 < gpus.size(); i += 8)
+    if (gpus[i].text == U(0)) lines = gpus[i + 7].text;
+  EXPECT_NE(lines.find("lease-sa 160 "), std::string::npos) << lines;
+  EXPECT_NE(lines.find("lease-sb 160 "), std::string::npos) << lines;
 }
 
+TEST_F(RedisScriptsTest, ReleaseOfASharedLeaseRemovesOnlyItsReservation) {
+  ASSERT_EQ(Register("h1", 1).integer, 1);
+  ASSERT_EQ(TakeShared("lease-sa", {U(0)}, 200, 1, 60000).at(0), "ok");
+  ASSERT_EQ(TakeShared("lease-sb", {U(0)}, 100, 1, 5000).at(0), "ok");
+  EXPECT_EQ(TakeShared("lease-sc", {U(0)}, 21), (std::vector<std::string>{"busy"}));
+  EXPECT_EQ(Release("lease-sa", {U(0)}).integer, 1);
+  EXPECT_EQ(Shares(U(0)).size(), 1u);
+  EXPECT_TRUE(Shares(U(0)).contains("lease-sb"));
+  // The mark lasts as long as the reservation left (5 s), no longer.
+  EXPECT_LE(Pttl(keys_.lock(U(0))), 5000);
+  EXPECT_EQ(TakeShared("lease-sc", {U(0)}, 221), (std::vector<std::string>{"busy"}));
+  EXPECT_EQ(TakeShared("lease-sc", {U(0)}, 220).at(0), "ok");
+  EXPECT_EQ(Release("lease-sb", {}).integer, 1);  // by the lease's record
+  EXPECT_EQ(Release("lease-sc", {U(0)}).integer, 1);
+  EXPECT_FALSE(Exists(keys_.lock(U(0))));
+  EXPECT_FALSE(Exists(keys_.prefix() + "shares:" + U(0)));
+  EXPECT_EQ(Take("lease-x", {U(0)}).at(0), "ok");
+}
+
+TEST_F(RedisScriptsTest, AnExpiredReservationFreesItsMemoryAndItsRenewalIsLost) {
+  ASSERT_EQ(Register("h1", 1).integer, 1);
+  const auto a = TakeShared("lease-sa", {U(0)}, 300, 1, 100);
+  ASSERT_EQ(a.at(0), "ok");
+  ASSERT_EQ(TakeShared("lease-sb", {U(0)}, 20, 1, 60000).at(0), "ok");
+  // Wait (by the server's clock) until A's reservation has expired; B's keeps the mark.
+  const long long expiry = Shares(U(0)).at("lease-sa");
+  while (ServerMs() <= expiry) {
+  }
+  EXPECT_EQ(Get(keys_.lock(U(0))), redis_scripts::kSharedMark);
+  EXPECT_EQ(TakeShared("lease-sc", {U(0)}, 300).at(0), "ok");
+  EXPECT_FALSE(Shares(U(0)).contains("lease-sa"));
+  EXPECT_EQ(RenewShared("lease-sa", 60000, a.at(1), {{U(0), 300}}),
+            (std::vector<std::string>{"lost", U(0), "expired"}));
+  EXPECT_EQ(RenewShared("lease-sb", 60000, "1", {{U(0), 20}}), (std::vector<std::string>{"ok"}));
+}
+
+TEST_F(RedisScriptsTest, RenewSharedRestoresAfterTheServerLostItsKeysAndStealsNothing) {
+  ASSERT_EQ(Register("h1", 2).integer, 1);
+  const auto a = TakeShared("lease-sa", {U(0), U(1)}, 10, 2);
+  ASSERT_EQ(a.at(0), "ok");
+  Cmd({"DEL", keys_.lock(U(0)), keys_.prefix() + "shares:" + U(0), keys_.lease("lease-sa")});
+  EXPECT_EQ(RenewShared("lease-sa", 60000, a.at(1), {{U(0), 10}, {U(1), 10}}),
+            (std::vector<std::string>{"restored"}));
+  EXPECT_EQ(Get(keys_.lock(U(0))), redis_scripts::kSharedMark);
+  EXPECT_TRUE(Shares(U(0)).contains("lease-sa"));
+  // A GPU held exclusively meanwhile makes the lease lost; nothing is taken from its holder.
+  Cmd({"DEL", keys_.lock(U(1)), keys_.prefix() + "shares:" + U(1)});
+  ASSERT_EQ(Take("lease-x", {U(1)}).at(0), "ok");
+  EXPECT_EQ(RenewShared("lease-sa", 60000, a.at(1), {{U(0), 10}, {U(1), 10}}),
+            (std::vector<std::string>{"lost", U(1), "lease-x"}));
+  EXPECT_EQ(Get(keys_.lock(U(1))), "lease-x");
+}
+
+TEST_F(RedisScriptsTest, NoSharedLeaseStartsWhileATicketWaitsAndTheCapCounts) {
+  ASSERT_EQ(Register("h1", 1).integer, 1);
+  ASSERT_EQ(Enter("ticket-1").integer, 1);
+  EXPECT_EQ(TakeShared("lease-sa", {U(0)}, 1), (std::vector<std::string>{"queue"}));
+  Cmd({"DEL", keys_.ticket("ticket-1")});  // its waiter died: the ticket expired
+  ASSERT_EQ(TakeShared("lease-sa", {U(0)}, 1, 1, 60000, "2").at(0), "ok");
+  ASSERT_EQ(TakeShared("lease-sb", {U(0)}, 1, 1, 60000, "2").at(0), "ok");
+  EXPECT_EQ(TakeShared("lease-sc", {U(0)}, 1, 1, 60000, "2"), (std::vector<std::string>{"busy"}));
+  EXPECT_EQ(TakeShared("lease-sc", {U(0)}, 1, 1, 60000, "3").at(0), "ok");
+}
+
+}  // namespace
 }  // namespace gpulock

@@ -78,6 +78,22 @@ TEST_F(SharedLeasesTest, ClosingALeaseFreesExactlyItsUnits) {
   EXPECT_TRUE(free_range(kSharedUnitLockBase + 310, 10));
 }
 
+TEST_F(SharedLeasesTest, UsageIsReadWhateverOrderTheLocksWereTakenIn) {
+  // C's units lie on both sides of B's, and C locked them after B: the kernel may report B's
+  // lock first for a probe over all of them. Every held unit and slot must still be counted.
+  UniqueFd a = open_file(), b = open_file(), reader = open_file();
+  ASSERT_TRUE(lock_shared_units(a.get(), kGpuUnits, 100));
+  ASSERT_TRUE(lock_shared_units(b.get(), kGpuUnits, 100));
+  a.reset();
+  UniqueFd c = open_file();
+  ASSERT_EQ(lock_shared_units(c.get(), kGpuUnits, 150), 0);
+  const SharedUsage usage = read_shared_usage(reader.get());
+  EXPECT_EQ(usage.units_held, 250);
+  EXPECT_EQ(usage.slots, (std::vector<off_t>{0, 100}));
+  EXPECT_TRUE(free_range(kSharedUnitLockBase + 250, 70));
+  EXPECT_FALSE(free_range(kSharedUnitLockBase + 249, 1));
+}
+
 TEST_F(SharedLeasesTest, AnExclusiveLeaseExcludesSharedOnes) {
   UniqueFd exclusive = open_file(), reader = open_file();
   ASSERT_TRUE(try_lock_exclusive(exclusive.get()));

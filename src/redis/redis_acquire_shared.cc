@@ -1,0 +1,418 @@
+// RedisBackend::acquire_shared(): a shared lease on a Redis pool, as reservations of GPUs'
+// memory taken all-or-nothing by one script (kAcquireShared in redis_scripts.h).
+//
+// As on the local backend, a shared request does not join the queue. It takes memory only while
+// no ticket waits in the pool (the queue holds requests for whole GPUs, and they go first), so
+// a stream of small jobs cannot starve an exclusive request: the shared leases drain and it is
+// served. The script checks that rule, and the memory, atomically; this side reads the pool
+// once per round to know which GPUs could fit, how much memory processes outside gpulock use
+// there (from the device readings the hosts publish), and whom to name while it waits. A
+// waiting shared request re-reads the pool every kSharedPoll: nothing in Redis tells it when
+// memory frees, and memory used outside gpulock changes without any event.
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "backend/device_fitness.h"
+#include "backend/gpu_status.h"
+#include "backend/lease_state.h"
+#include "backend/request_checks.h"
+#include "backend/shared_memory_units.h"
+#include "gpulock/error.hpp"
+#include "gpulock/parse.hpp"
+#include "process/process_identity.h"
+#include "redis/fencing_token.h"
+#include "redis/redis_backend.h"
+#include "redis/redis_lease_keeper.h"
+#include "redis/redis_scripts.h"
+#include "util/random_id.h"
+#include "util/strings.h"
+#include "util/unix_time.h"
+
+namespace gpulock {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kSharedPoll{200};
+// Every call to the server is bounded by the request's deadline (as for exclusive requests); a
+// request that does not wait still gets this long for its few round trips.
+constexpr milliseconds kLeastCallBudget{1000};
+constexpr milliseconds kLongestCall{5000};
+
+bool is_uuid_like(const std::string& name) {
+  return starts_with_ignoring_case(name, "GPU-") || starts_with_ignoring_case(name, "MIG-");
+}
+
+// A GPU's memory in shared units (0 when unknown), capped at what a GPU may have.
+std::uint64_t total_units(const Device& d) {
+  return std::min(d.memory_total_bytes.value_or(0) / kSharedMemoryUnitBytes,
+                  kSharedMemoryMostUnits);
+}
+
+// The units a request wants on a GPU of `total` units.
+std::uint64_t wanted_units(const LeaseRequest& request, std::uint64_t total) {
+  if (request.memory_bytes) return shared_memory_units(*request.memory_bytes);
+  return std::max<std::uint64_t>(1, total / *request.slots);
+}
+
+std::uint64_t units_of(const std::string& text) {
+  std::uint64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  return error == std::errc() && end == text.data() + text.size() ? value : 0;
+}
+
+std::string describe_share(const LeaseRequest& request) {
+  return request.memory_bytes ? format_size(*request.memory_bytes)
+                              : fmt::format("1/{}", *request.slots);
+}
+
+// A candidate GPU as this round sees it.
+struct SharedCandidate {
+  const RedisBackend::Gpu* gpu = nullptr;
+  std::uint64_t capacity = 0;  // units shared leases may hold in all
+  std::uint64_t wanted = 0;    // units this request wants there
+  std::uint64_t held = 0;      // units live reservations hold
+  unsigned jobs = 0;
+  std::size_t order = 0;
+  std::uint64_t room() const { return capacity > held ? capacity - held : 0; }
+};
+
+}  // namespace
+
+Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks& hooks) {
+  validate_request(request);
+  if (request.memory_bytes && *request.memory_bytes == 0)
+    throw Error(ErrorCode::kInvalidArgument, "a shared lease's memory (--mem) must be more than 0");
+  if (request.slots && *request.slots == 0)
+    throw Error(ErrorCode::kInvalidArgument, "slots (--slots) must be at least 1");
+  const auto start = Clock::now();
+  const Clock::time_point deadline = wait_deadline(request, start);
+  const std::size_t needed = request.gpus.empty() ? request.count : request.gpus.size();
+  const std::string user = user_name(::geteuid());
+  check_gpu_limit(needed, user, config_);
+  std::optional<unsigned> cap = config_.max_jobs_per_gpu;
+  if (request.slots) cap = cap ? std::min(*cap, *request.slots) : *request.slots;
+  // Shared leases may share a GPU with processes outside gpulock: their memory is counted.
+  LeaseRequest health = request;
+  health.allow_foreign_processes = true;
+  const bool limited = config_.limits_for(user).max_gpus.has_value();
+
+  // Which hosts may serve it (as for exclusive requests).
+  bool any_host = false;
+  std::vector<std::string> hosts;
+  for (const auto& host : request.hosts) {
+    if (host == "any") {
+      any_host = true;
+    } else if (std::find(hosts.begin(), hosts.end(), host) == hosts.end()) {
+      hosts.push_back(host);
+    }
+  }
+  if (!any_host && hosts.empty()) hosts.push_back(settings_.host);
+  const bool one_host = !any_host && hosts.size() == 1;
+  if (!one_host)
+    for (const auto& name : request.gpus)
+      if (!is_uuid_like(name))
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("GPU '{}': name GPUs by UUID when several hosts may serve the "
+                                "request (an index means a different GPU on each host)",
+                                sanitize_for_display(name, 64)));
+  const std::string where = !one_host                    ? "the pool's hosts"
+                            : hosts[0] == settings_.host ? "this machine"
+                                                         : "host " + hosts[0];
+
+  const Clock::time_point calls_end = deadline == Clock::time_point::max()
+                                          ? Clock::time_point::max()
+                                          : std::max(deadline, start + kLeastCallBudget);
+  const std::optional<Clock::time_point> calls_deadline =
+      calls_end == Clock::time_point::max() ? std::nullopt : std::optional(calls_end);
+  milliseconds connect_budget = kLongestCall;
+  if (calls_deadline)
+    connect_budget = std::clamp(std::chrono::ceil<milliseconds>(*calls_deadline - Clock::now()),
+                                milliseconds(1), kLongestCall);
+  RedisConnectionLoan connection(*connections_, connect_budget);
+  connection->set_deadline(calls_deadline);
+  std::vector<Device> local_devices = register_devices(*connection);
+  const std::uint64_t reserve_units =
+      config_.shared_memory_reserve_bytes == 0
+          ? 0
+          : shared_memory_units(config_.shared_memory_reserve_bytes);
+
+  std::string last_progress;
+  bool first_round = true;
+  while (true) {
+    if (!first_round) local_devices = source_->devices();  // fresh readings for the fit
+    first_round = false;
+    const Snapshot snap =
+        registered_snapshot(*connection, any_host ? std::vector<std::string>() : hosts,
+                            limited ? user : std::string(), local_devices);
+
+    // 1. Which GPUs could serve it at all.
+    for (const auto& host : hosts)
+      if (std::none_of(snap.hosts.begin(), snap.hosts.end(),
+                       [&](const HostEntry& h) { return h.name == host; }))
+        throw Error(ErrorCode::kUnsatisfiable,
+                    fmt::format("no host '{}' in pool '{}'", sanitize_for_display(host, 64),
+                                settings_.pool));
+    std::vector<const Gpu*> scope;
+    for (const Gpu& g : snap.gpus)
+      if (any_host || std::find(hosts.begin(), hosts.end(), g.host) != hosts.end())
+        scope.push_back(&g);
+    std::vector<const Gpu*> pool;
+    if (!request.gpus.empty()) {
+      std::vector<Device> devices;
+      for (const Gpu* g : scope) devices.push_back(g->device);
+      for (const Device* d : resolve_explicit(devices, request.gpus, where))
+        pool.push_back(scope[static_cast<std::size_t>(d - devices.data())]);
+      for (const Gpu* g : pool)
+        if (g->host != pool.front()->host)
+          throw Error(ErrorCode::kInvalidArgument,
+                      fmt::format("the GPUs named are on hosts {} and {}: a lease covers GPUs "
+                                  "of one host",
+                                  pool.front()->host, g->host));
+    } else {
+      pool = scope;
+    }
+    std::vector<SharedCandidate> candidates;
+    std::vector<std::string> never_reasons;
+    for (const Gpu* g : pool) {
+      const Device& d = g->device;
+      std::string never = never_reason(d, health, config_);
+      if (never.empty() && g->local) never = outside_visible_reason(d, request);
+      if (never.empty() && g->lock == "!garbage")
+        never = fmt::format(
+            "{} of host {}: its lock key in Redis holds something that is not a "
+            "lease (see `gpulock doctor`)",
+            describe_device(d), g->host);
+      const std::uint64_t total = total_units(d);
+      if (never.empty() && !d.memory_total_bytes)
+        never =
+            fmt::format("{} of host {}: its memory size is unknown", describe_device(d), g->host);
+      if (never.empty() && wanted_units(request, total) + reserve_units > total)
+        never = fmt::format("{} of host {}: {} of memory, {} of it kept in reserve",
+                            describe_device(d), g->host, format_size(*d.memory_total_bytes),
+                            format_size(config_.shared_memory_reserve_bytes));
+      if (!never.empty()) {
+        if (!request.gpus.empty()) throw Error(ErrorCode::kUnsatisfiable, never);
+        never_reasons.push_back(never);
+        continue;
+      }
+      SharedCandidate c;
+      c.gpu = g;
+      c.wanted = wanted_units(request, total);
+      c.order = candidates.size();
+      // Memory used outside gpulock: what the device reports, less what processes of the
+      // shared leases use. This host's processes are matched to the leases' records; another
+      // host's cannot be, so there its leases count as using all they reserve.
+      const std::uint64_t used = d.memory_used_bytes.value_or(0);
+      std::uint64_t covered = 0;
+      if (g->shared()) {
+        for (const Share& share : g->shares) {
+          c.held += share.units;
+          ++c.jobs;
+        }
+        const LockState lock = lock_state_of(*g, snap);
+        if (g->local) {
+          for (const HolderRecord& record : lock.shared_records)
+            if (record.host == settings_.host)
+              for (const GpuProcess& p : d.processes)
+                if (p.used_memory_bytes && covered_by(p.pid, record))
+                  covered += *p.used_memory_bytes;
+        } else {
+          covered = std::min(used, lock.shared_reserved_bytes);
+        }
+      }
+      const std::uint64_t outside_bytes =
+          config_.shared_memory_reserve_bytes + (used > covered ? used - covered : 0);
+      const std::uint64_t outside = outside_bytes == 0 ? 0 : shared_memory_units(outside_bytes);
+      c.capacity = total > outside ? total - outside : 0;
+      candidates.push_back(c);
+    }
+    if (candidates.size() < needed)
+      throw unsatisfiable(fmt::format("{} GPU{} with {} requested but {} {} {} that can serve it{}",
+                                      needed, needed == 1 ? "" : "s", describe_share(request),
+                                      where, one_host ? "has" : "have", candidates.size(),
+                                      needed > 1 && !one_host ? " on one host" : ""),
+                          never_reasons);
+
+    // 2. Which would fit now, as the script will choose them: on one host, packed or spread.
+    std::string blocked_by;
+    std::vector<SharedCandidate> chosen;
+    std::vector<const SharedCandidate*> ready;  // not held exclusively, and healthy now
+    for (const SharedCandidate& c : candidates)
+      if ((c.gpu->lock.empty() || c.gpu->shared()) && unready_reason(c.gpu->device, health).empty())
+        ready.push_back(&c);
+    if (!snap.tickets.empty()) {
+      blocked_by = "requests for whole GPUs wait in the queue (they go first)";
+    } else {
+      std::map<std::string, std::vector<SharedCandidate>> fitting;
+      std::vector<std::string> host_order;
+      for (const SharedCandidate* c : ready) {
+        if (c->room() < c->wanted || (cap && c->jobs >= *cap)) continue;
+        if (!fitting.contains(c->gpu->host)) host_order.push_back(c->gpu->host);
+        fitting[c->gpu->host].push_back(*c);
+      }
+      for (const auto& host : host_order) {
+        std::vector<SharedCandidate>& list = fitting[host];
+        if (list.size() < needed) continue;
+        std::stable_sort(list.begin(), list.end(),
+                         [&](const SharedCandidate& a, const SharedCandidate& b) {
+                           return request.spread ? a.room() > b.room() : a.room() < b.room();
+                         });
+        list.resize(needed);
+        chosen = list;
+        break;
+      }
+      if (chosen.empty())
+        blocked_by = fmt::format("not enough free GPU memory ({} needed on {} GPU{})",
+                                 describe_share(request), needed, needed == 1 ? "" : "s");
+    }
+
+    // 3. Take them, if the pool still agrees (the script checks it all again).
+    if (!chosen.empty()) {
+      const std::string lease_id = make_lease_id();
+      HolderRecord record;
+      record.lease_id = lease_id;
+      record.uid = ::geteuid();
+      record.user = user;
+      record.host = settings_.host;
+      record.boot_id = boot_id();
+      record.kind = HolderKind::kProcess;
+      record.holder = self_process_id();
+      record.command = request.command;
+      record.label = request.label;
+      const auto started_at = std::chrono::system_clock::now();
+      record.started_at = unix_seconds(started_at);
+      record.memory_bytes = chosen.front().wanted * kSharedMemoryUnitBytes;
+      for (const SharedCandidate& c : chosen) record.gpus.push_back(c.gpu->device.uuid);
+      std::string record_json = holder_record_json(record);
+
+      std::vector<std::string> args{lease_id,
+                                    std::to_string(settings_.lease_ttl.count()),
+                                    record_json,
+                                    user,
+                                    std::to_string(needed),
+                                    cap ? std::to_string(*cap) : std::string(),
+                                    request.spread ? "1" : "0",
+                                    limited ? "1" : "0"};
+      // The predicted choice first, then the other ready candidates: the script takes the
+      // first host where enough fit, in its own order, from what it finds.
+      std::vector<const SharedCandidate*> offered;
+      for (const SharedCandidate& c : chosen) offered.push_back(&c);
+      for (const SharedCandidate* c : ready)
+        if (std::none_of(chosen.begin(), chosen.end(),
+                         [&](const SharedCandidate& x) { return x.gpu == c->gpu; }))
+          offered.push_back(c);
+      for (const SharedCandidate* c : offered) {
+        args.push_back(c->gpu->device.uuid);
+        args.push_back(c->gpu->host);
+        args.push_back(std::to_string(c->capacity));
+        args.push_back(std::to_string(c->wanted));
+      }
+      const auto sent = Clock::now();
+      const RedisValue reply =
+          connection->run(redis_scripts::kAcquireShared, {settings_.version_key()}, args);
+      const std::string outcome = reply.elements.empty() ? "" : reply.elements[0].text;
+      if (outcome == "exhausted" && reply.elements.size() == 2)
+        throw Error(ErrorCode::kEnvironment,
+                    fmt::format("pool '{}': its fencing-token counter ({}token) is at {}, the "
+                                "largest 64-bit token, so no lease can get a larger one; an "
+                                "administrator must repair the pool (see `gpulock doctor`)",
+                                settings_.pool, settings_.prefix(),
+                                sanitize_for_display(reply.elements[1].text, 40)));
+      if (outcome == "ok" && reply.elements.size() == 2 + 2 * needed) {
+        std::vector<std::string> uuids;
+        std::vector<std::uint64_t> units;
+        for (std::size_t i = 2; i + 1 < reply.elements.size(); i += 2) {
+          uuids.push_back(reply.elements[i].text);
+          units.push_back(units_of(reply.elements[i + 1].text));
+        }
+        std::vector<const Gpu*> taken;
+        for (const auto& uuid : uuids)
+          for (const SharedCandidate& c : candidates)
+            if (c.gpu->device.uuid == uuid) taken.push_back(c.gpu);
+        const std::optional<std::uint64_t> token = parse_fencing_token(reply.elements[1].text);
+        if (taken.size() != needed || !token) {
+          connection->run(redis_scripts::kRelease, {settings_.version_key()}, {lease_id});
+          throw Error(
+              ErrorCode::kEnvironment,
+              fmt::format("pool '{}': the shared acquire gave an unexpected reply (token "
+                          "'{}'), so the lease was given back; see `gpulock doctor`",
+                          settings_.pool, sanitize_for_display(reply.elements[1].text, 40)));
+        }
+        // The script may have chosen other GPUs than predicted (the pool changed meanwhile):
+        // the record then says what it holds, published with the first renewal.
+        const std::vector<std::string> predicted = record.gpus;
+        record.gpus = uuids;
+        record.memory_bytes = units.front() * kSharedMemoryUnitBytes;
+        const bool record_changed =
+            record.gpus != predicted || units.front() != chosen.front().wanted;
+        if (record_changed) record_json = holder_record_json(record);
+
+        auto lease = std::make_unique<LeaseState>();
+        lease->id = lease_id;
+        for (const Gpu* g : taken)
+          lease->gpus.push_back(
+              LeasedGpu{g->device.index, g->device.display_index(), g->device.uuid, g->device.name,
+                        g->device.is_mig_instance(), g->device.memory_total_bytes.value_or(0)});
+        lease->started_at = started_at;
+        lease->record = record;
+        RedisLeaseTerms terms{settings_.version_key(),
+                              settings_.lease_ttl,
+                              lease_id,
+                              *token,
+                              uuids,
+                              user,
+                              taken.front()->host,
+                              units};
+        auto keeper =
+            std::make_unique<RedisLeaseKeeper>(std::move(terms), record_json, connections_, sent);
+        if (record_changed) keeper->publish_record(record);
+        lease->keeper = std::move(keeper);
+        return Lease(std::move(lease));
+      }
+      if (outcome == "queue") {
+        blocked_by = "requests for whole GPUs wait in the queue (they go first)";
+      } else if (outcome == "busy") {
+        continue;  // the pool changed since the snapshot: read it again
+      } else {
+        throw Error(ErrorCode::kEnvironment,
+                    fmt::format("pool '{}': the shared acquire script gave an unexpected reply",
+                                settings_.pool));
+      }
+    }
+
+    // 4. Not served now: say why, then look again a little later.
+    if (!request.wait || Clock::now() >= deadline)
+      throw Error(ErrorCode::kTimedOut,
+                  fmt::format("{}: {}",
+                              request.wait ? "no GPU memory became available within the timeout"
+                                           : "the requested GPU memory is not free now",
+                              blocked_by));
+    if (hooks.on_progress && (blocked_by != last_progress || hooks.progress_refresh)) {
+      last_progress = blocked_by;
+      hooks.on_progress(WaitProgress{Clock::now() - start,
+                                     {},
+                                     0,
+                                     static_cast<int>(snap.tickets.size()),
+                                     QueueStanding::kWaiting,
+                                     blocked_by});
+    }
+    const auto wake_at = std::min(deadline, Clock::now() + kSharedPoll);
+    while (Clock::now() < wake_at) {
+      auto slice = wake_at - Clock::now();
+      if (hooks.interrupted) slice = std::min<Clock::duration>(slice, hooks.interrupt_poll);
+      std::this_thread::sleep_for(slice);
+      if (hooks.interrupted && hooks.interrupted())
+        throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPU memory");
+    }
+  }
+}
+
+}  // namespace gpulock
