@@ -38,6 +38,9 @@ struct IndexEntry {
   unsigned needed = 1;
   bool named_gpus = false;
   bool entered_over_limit = false;
+  // A shared request's memory units per GPU, or slots (see Ticket); 0 for whole GPUs.
+  std::uint32_t shared_units = 0;
+  std::uint32_t shared_slots = 0;
 };
 
 class QueueIndex {

@@ -225,11 +225,11 @@ def test_memory_used_outside_gpulock_counts(gl):
 
 
 def test_a_killed_whole_gpu_waiter_does_not_hold_shared_requests_back(gl):
-    env = gl.env(fake="2")
-    holder, _ = gl.hold("--gpus", "0", env=env)
-    waiter = gl.spawn("run", "--gpus", "0", "--", "true", env=env)
+    env = gl.env(fake="1")
+    holder, _ = gl.hold("--mem", "10G", env=env)
+    waiter = gl.spawn("run", "--", "true", env=env)
     waiter.wait_for_stderr("waiting", timeout=HANG)
-    # While it waits, shared requests wait behind it, even for the other GPU.
+    # While it waits for the GPU, no new shared lease starts there (it drains for the waiter).
     blocked = gl.run("run", "--mem", "10G", "--no-wait", "--", "true", env=env)
     assert blocked.returncode == EX_TEMPFAIL, blocked.stderr
     waiter.kill_group(signal.SIGKILL)
@@ -238,6 +238,62 @@ def test_a_killed_whole_gpu_waiter_does_not_hold_shared_requests_back(gl):
     result = gl.run("run", "--mem", "10G", "--timeout", "%ds" % HANG, "--", "true", env=env)
     assert result.returncode == 0, result.stderr
     assert holder.alive()
+
+
+def test_a_whole_gpu_waiter_does_not_stop_shared_leases_on_other_gpus(gl):
+    """Backfill: a request waiting for GPU 0 holds only GPU 0 back; shared leases start on the
+    other GPUs, also partly used ones."""
+    env = gl.env(fake="3")
+    holder, _ = gl.hold("--gpus", "0", env=env)
+    waiter = gl.spawn("run", "--gpus", "0", "--", "true", env=env)
+    waiter.wait_for_stderr("waiting", timeout=HANG)
+    first = gl.run("run", "--mem", "10G", "--no-wait", "--", "true", env=env)
+    assert first.returncode == 0, first.stderr
+    kept, index = gpu_of(gl, env, "--mem", "30G", "--no-wait")
+    assert index in (1, 2)
+    packed, same = gpu_of(gl, env, "--mem", "30G", "--no-wait")
+    assert same == index  # packed beside it, not on the GPU the waiter wants
+    assert waiter.alive()
+    holder.kill_group()
+    assert waiter.wait(timeout=HANG) == 0, waiter.describe()
+
+
+def test_an_exclusive_waiter_holds_a_gpu_in_shared_use_back_and_gets_it(gl):
+    """A whole-GPU request waiting while every GPU is in shared use: one GPU stops taking new
+    shared leases (it drains), the others still take them, and the request gets the drained
+    GPU when its leases end."""
+    env = gl.env(fake="2")
+    a, _ = gl.hold("--mem", "10G", env=env)
+    b, _ = gl.hold("--mem", "10G", "--spread", env=env)
+    assert {sim_index(a.gpus[0]), sim_index(b.gpus[0])} == {0, 1}
+    waiter = gl.spawn("run", "--", "true", env=env)
+    waiter.wait_for_stderr("waiting", timeout=HANG)
+    # One GPU is held back for the waiter: exactly one more shared lease fits, on the other.
+    extra, index = gpu_of(gl, env, "--mem", "10G", "--no-wait")
+    held_back = 1 - index
+    refused = gl.run("run", "--gpus", str(held_back), "--mem", "10G", "--no-wait", "--", "true",
+                     env=env)
+    assert refused.returncode == EX_TEMPFAIL, refused.stderr
+    again, same = gpu_of(gl, env, "--mem", "10G", "--no-wait")
+    assert same == index
+    drained = a if sim_index(a.gpus[0]) == held_back else b
+    drained.kill_group()
+    drained.wait()
+    assert waiter.wait(timeout=HANG) == 0, waiter.describe()
+
+
+def test_waiting_shared_requests_are_listed_in_the_queue(gl):
+    env = gl.env(fake="1")
+    holder, _ = gl.hold("-n", "1", env=env)
+    waiters = [gl.spawn("run", "--mem", "10G", "--label", "s%d" % i, "--", "true", env=env)
+               for i in range(3)]
+    for w in waiters:
+        w.wait_for_stderr("waiting", timeout=HANG)
+    doc = json.loads(gl.run("queue", "--json", env=env).stdout)
+    assert sorted(e["label"] for e in doc["waiting"]) == ["s0", "s1", "s2"]
+    holder.kill_group()
+    for w in waiters:
+        assert w.wait(timeout=HANG) == 0, w.describe()
 
 
 def gpu_of(gl, env, *args):

@@ -40,6 +40,9 @@ inline void PrintTo(Obstacle::Kind kind, std::ostream* os) {
     case Obstacle::Kind::kMissing:
       *os << "missing";
       return;
+    case Obstacle::Kind::kFull:
+      *os << "full";
+      return;
   }
   *os << "kind " << static_cast<int>(kind);
 }
