@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "backend/queue_request.h"
+#include "local/gpu_lock_file.h"
 #include "local/local_backend.h"
 #include "process/process_identity.h"
 
@@ -134,7 +135,11 @@ QueueStatus LocalBackend::queue_status(const std::vector<Device>* devices) {
   const QueueSnapshot snapshot =
       plan(devices ? *devices : source_->devices(), listing, nullptr, nullptr, true);
   for (std::size_t position = 0; position < snapshot.plan.order.size(); ++position) {
-    status.entries.push_back(snapshot.entry_at(position, config_));
+    QueueEntry entry = snapshot.entry_at(position, config_);
+    const Ticket& t = snapshot.tickets[snapshot.plan.order[position].request];
+    if (t.shared_units > 0) entry.memory_bytes = std::uint64_t{t.shared_units} * kSharedUnitBytes;
+    if (t.shared_slots > 0) entry.slots = t.shared_slots;
+    status.entries.push_back(std::move(entry));
   }
   return status;
 }

@@ -1105,6 +1105,9 @@ void CheckScenario(const Scenario& s) {
           ASSERT_TRUE(o.by.has_value());
           EXPECT_EQ(*o.by, claim->second.by);
           break;
+        case Kind::kFull:
+          ADD_FAILURE() << "only shared requests meet full GPUs";
+          break;
       }
     }
     for (const auto& c : r.candidates) {
