@@ -9,6 +9,7 @@ import signal
 import time
 
 from conftest import EX_TEMPFAIL, HANG, PYTHON, sim_uuid, wait_until
+from test_queue import Jobs
 
 GIB = 1 << 30
 GPU_MEMORY = 80 * GIB
@@ -361,3 +362,41 @@ def test_detached_shared_lease_is_shown_and_released(gl):
     assert gl.run("release", lease, env=env).returncode == 0
     assert gl.gpu_status(0, env=env)["shared"] is None
     assert watched.alive()
+
+
+def test_a_big_shared_request_is_not_overtaken_by_smaller_ones_behind_it(gl):
+    """Queued in order A (50G), B (40G), C (10G) behind a whole-GPU holder: when it ends, A
+    starts; B does not fit beside A and reserves the GPU it waits on, so C, which would fit, waits
+    behind B instead of taking that memory."""
+    env = gl.env(fake="1")
+    log = gl.tmp / "log"
+    log.touch()
+    holder, _ = gl.hold("-n", "1", env=env)
+    jobs = []
+    for name, mem, hold in (("A", "50G", "1.5"), ("B", "40G", "0"), ("C", "10G", "0")):
+        bg = gl.spawn("run", "--mem", mem, "--", "sh", "-c",
+                      'echo "$1" >> "$2"; sleep "$3"', "job", name, str(log), hold, env=env)
+        bg.wait_for_stderr("waiting", timeout=HANG)
+        jobs.append(bg)
+    holder.kill_group()
+    for bg in jobs:
+        assert bg.wait(timeout=HANG) == 0, bg.describe()
+    assert log.read_text().split() == ["A", "B", "C"]
+
+
+def test_fair_share_between_users_counts_shared_requests_by_memory(mu):
+    """User A holds the only GPU whole and queues ten 40 GiB shared jobs; user B then queues
+    one. B, holding nothing, goes first; when A's lease ends, B's job starts among the first
+    two (two fit at once), and `gpulock queue` shows the shared requests' memory."""
+    a, b = mu.users
+    jobs = Jobs(mu, mu.env(fake="1"))
+    jobs.holder("hold", "-n", "1", user=a)
+    names = ["a%02d" % i for i in range(10)]
+    for name in names:
+        jobs.waiter(name, "--mem", "40G", user=a)
+    jobs.waiter("b", "--mem", "40G", user=b)
+    doc = jobs.queue()
+    assert jobs.order(doc)[0] == "b", jobs.order(doc)
+    assert {e["memory_bytes"] for e in doc["waiting"]} == {40 * GIB}
+    served = jobs.release_and_next("hold", served=2)
+    assert "b" in served, served
