@@ -7,19 +7,24 @@ wake FIFOs, with no inotify instance of their own. These tests hold them to that
   - every queued job is served exactly once, and never more than fit at once (an independent
     audit: each 10 GiB job takes one of 8 `mkdir` slots for as long as it runs, so a ninth job
     running beside eight others finds no slot and records an error);
-  - waiting shared jobs use (next to) no CPU.
+  - waiting shared jobs use (next to) no CPU;
+  - SIGKILL of random waiters and of the dispatchers during a drain: the queue heals.
 
 Every timeout is only a hang guard; nothing asserts speed except the CPU bound, which is set to
 catch polling, not to measure. GPULOCK_SCALE_N and GPULOCK_SCALE_BATCH as in
 test_queue_scale.py.
 """
 
+import os
+import random
+import signal
 import time
 
-from conftest import HANG
-from test_queue_scale import (BATCH, IDLE_CPU_BOUND, IDLE_WINDOW, N, REGISTER_HANG, Audit,
-                              assert_all_served, cpu_seconds, ensure_memory_for, ensure_room_for,
-                              names_for, queue_doc, wait_queue_length)
+from conftest import HANG, wait_until
+from test_queue_scale import (BATCH, DRAIN_HANG, IDLE_CPU_BOUND, IDLE_WINDOW, N, REGISTER_HANG,
+                              Audit, assert_all_served, cpu_seconds, ensure_memory_for,
+                              ensure_room_for, live_tickets, names_for, queue_doc, summary,
+                              wait_drained, wait_queue_length)
 
 # 10 GiB jobs on an 80 GiB GPU: at most 8 at once.
 AT_ONCE = 8
@@ -133,3 +138,64 @@ def test_whole_gpu_request_behind_1000_shared_jobs_is_served(gl):
     assert (audit.root / "whole").exists()
     beside = (audit.root / "beside-whole").read_text().split()
     assert beside == [], "shared jobs ran beside the whole-GPU job: %s" % beside
+
+
+def test_sigkill_of_shared_waiters_during_drain(gl):
+    """As test_drain_1000_shared, but while the queue drains, a tenth of the waiters are
+    SIGKILLed at random, and again and again the oldest still waiting (the dispatchers). Every
+    survivor is served exactly once, never more than fit at once, and no live ticket is left."""
+    ensure_room_for(N)
+    rng = random.Random(15)
+    env = gl.env(fake="1")
+    audit = SlotAudit(gl.tmp / "audit")
+    holder, _ = gl.hold("-n", "1", env=env)
+    names = names_for(N)
+    procs = queue_shared_jobs(gl, audit, names, env)
+    wait_queue_length(gl, N, env)
+    by_pid = {bg.pid: name for name, bg in procs.items()}
+    pending_random = rng.sample(names, max(1, N // 10))
+    victims = set()
+
+    def kill(name):
+        victims.add(name)
+        try:
+            os.kill(procs[name].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    holder.kill_group()
+    released = time.monotonic()
+    dispatchers_killed = 0
+    while pending_random or dispatchers_killed < 30:
+        assert time.monotonic() - released < DRAIN_HANG, summary(gl, env, procs)
+        if dispatchers_killed < 30:
+            waiting = [e["pid"] for e in queue_doc(gl, env)["waiting"]]
+            head = [by_pid[p] for p in waiting[:3] if p in by_pid]
+            if not head:
+                break  # drained already
+            kill(rng.choice(head))
+            dispatchers_killed += 1
+        for _ in range(min(len(pending_random), 5)):
+            kill(pending_random.pop())
+        time.sleep(rng.uniform(0, 0.05))
+
+    survivors = {n: bg for n, bg in procs.items() if n not in victims}
+    statuses = wait_drained(gl, env, survivors)
+    failed = {n: (s, survivors[n].stderr()[-300:]) for n, s in statuses.items() if s != 0}
+    assert failed == {}, "%d survivors failed, e.g. %s" % (len(failed), list(failed.items())[:5])
+    for name in victims:
+        procs[name].popen.wait(timeout=HANG)
+    # A victim served just before its SIGKILL still runs its command: wait for those to end.
+    wait_until(lambda: not any(p.name.startswith("slot-") for p in audit.root.iterdir()), HANG,
+               what="the last victims' commands to end")
+    assert audit.errors() == [], "more jobs at once than fit: %s" % audit.errors()[:20]
+    counts = {}
+    for name in audit.started():
+        counts[name] = counts.get(name, 0) + 1
+    missing = sorted(n for n in survivors if n not in counts)
+    twice = sorted(n for n, c in counts.items() if c > 1)
+    assert (missing, twice) == ([], []), (missing[:10], twice[:10])
+    _, live = live_tickets(gl)
+    assert live == [], "tickets still locked after every waiter ended: %s" % live[:10]
+    print("%d killed (%d dispatchers); %d survivors served in %.1f s"
+          % (len(victims), dispatchers_killed, len(survivors), time.monotonic() - released))
