@@ -1,5 +1,5 @@
-// LocalBackend::acquire(): taking GPUs all-or-nothing under the machine-wide acquire mutex, in
-// the queue's order, and waiting without polling.
+// LocalBackend::acquire(): taking GPUs (whole, or a share of their memory) all-or-nothing under
+// the machine-wide acquire mutex, in the queue's order, and waiting without polling.
 #include "local/local_backend.h"
 
 #include <unistd.h>

@@ -2,7 +2,8 @@
 // the machine's users, and a fair queue of waiters in files beside them. No daemon: whoever
 // acquires plans the queue. See docs/design.md.
 //
-// Its parts: local_acquire.cc (taking GPUs and waiting), local_queue.cc (planning the queue),
+// Its parts: local_acquire.cc (taking GPUs and waiting), local_acquire_shared.cc (shared
+// leases: room on a GPU, locking units), local_queue.cc (planning the queue),
 // local_status.cc, local_release.cc, local_doctor.cc; the lock directory and files, the queue
 // directory and the wait channel are this folder's primitives.
 #pragma once
