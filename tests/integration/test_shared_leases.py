@@ -367,7 +367,8 @@ def test_detached_shared_lease_is_shown_and_released(gl):
 def test_a_big_shared_request_is_not_overtaken_by_smaller_ones_behind_it(gl):
     """Queued in order A (50G), B (40G), C (10G) behind a whole-GPU holder: when it ends, A
     starts; B does not fit beside A and reserves the GPU it waits on, so C, which would fit, waits
-    behind B instead of taking that memory."""
+    behind B instead of taking that memory: it starts only once A has ended (then B and C start
+    together)."""
     env = gl.env(fake="1")
     log = gl.tmp / "log"
     log.touch()
@@ -375,13 +376,16 @@ def test_a_big_shared_request_is_not_overtaken_by_smaller_ones_behind_it(gl):
     jobs = []
     for name, mem, hold in (("A", "50G", "1.5"), ("B", "40G", "0"), ("C", "10G", "0")):
         bg = gl.spawn("run", "--mem", mem, "--", "sh", "-c",
-                      'echo "$1" >> "$2"; sleep "$3"', "job", name, str(log), hold, env=env)
+                      'echo "$1" >> "$2"; sleep "$3"; echo "$1-end" >> "$2"', "job", name,
+                      str(log), hold, env=env)
         bg.wait_for_stderr("waiting", timeout=HANG)
         jobs.append(bg)
     holder.kill_group()
     for bg in jobs:
         assert bg.wait(timeout=HANG) == 0, bg.describe()
-    assert log.read_text().split() == ["A", "B", "C"]
+    events = log.read_text().split()
+    assert events[:2] == ["A", "A-end"], events
+    assert sorted(events[2:]) == ["B", "B-end", "C", "C-end"], events
 
 
 def test_fair_share_between_users_counts_shared_requests_by_memory(mu):
