@@ -61,6 +61,8 @@ json queue_entry_json(const QueueEntry& e) {
           {"pid", e.pid},
           {"priority", priority_name(e.priority)},
           {"gpus_requested", e.gpus_requested},
+          {"memory_bytes", e.memory_bytes ? json(*e.memory_bytes) : json(nullptr)},
+          {"slots", e.slots ? json(*e.slots) : json(nullptr)},
           {"gpus_named", e.gpus_named},
           {"label", e.label},
           {"command", e.command},

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,6 +37,9 @@ struct QueueEntry {
   int pid = 0;
   Priority priority = Priority::kNormal;
   unsigned gpus_requested = 0;
+  // A shared request (several jobs per GPU): the memory it asks for on each GPU, or its slots.
+  std::optional<std::uint64_t> memory_bytes;
+  std::optional<unsigned> slots;
   std::vector<std::string> gpus_named;  // explicit GPUs (UUIDs), empty for "any N"
   std::string label;
   std::string command;

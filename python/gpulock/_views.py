@@ -96,6 +96,8 @@ class QueueEntry:
     pid: int = 0
     priority: str = "normal"
     gpus_requested: int = 0
+    memory_bytes: Optional[int] = None  # a shared request: the memory it asks for per GPU
+    slots: Optional[int] = None  # ... or its slots
     gpus_named: List[str] = field(default_factory=list)
     label: str = ""
     command: str = ""

@@ -44,6 +44,9 @@ PlanRequest plan_request_for(const Ticket& t, const UserLimits& limits) {
   r.entered_over_limit = t.entered_over_limit;
   r.candidates = t.candidates;
   r.limits = limits;
+  r.shared_units = t.shared_units;
+  r.shared_slots = t.shared_slots;
+  r.spread = t.spread;
   return r;
 }
 

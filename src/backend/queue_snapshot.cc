@@ -23,6 +23,7 @@ std::string clock_time(double seconds_since_epoch) {
 }
 
 std::string request_summary(const Ticket& t) {
+  if (t.shared()) return fmt::format("{}'s shared request", t.user);
   return fmt::format("{}'s {}-GPU request", t.user, t.needed);
 }
 
@@ -63,8 +64,11 @@ void check_enclosing_lease(const std::vector<std::string>& own, std::size_t cand
 Error not_served(const QueueSnapshot& snapshot, std::size_t me, bool waited,
                  const std::vector<BlockingGpu>& blocking, const std::string& blocked_by) {
   const Placement& mine = snapshot.plan.of(me);
-  std::string why =
-      waited ? "no GPU became available within the timeout" : "the requested GPUs are not free now";
+  const bool shared = snapshot.tickets[me].shared();
+  std::string why = waited   ? shared ? "no GPU memory became available within the timeout"
+                                      : "no GPU became available within the timeout"
+                    : shared ? "the requested GPU memory is not free now"
+                             : "the requested GPUs are not free now";
   if (mine.standing == QueueStanding::kOverGpuLimit ||
       mine.standing == QueueStanding::kOverWaitingLimit)
     why += ": " + blocked_by;
@@ -96,7 +100,10 @@ std::vector<BlockingGpu> QueueSnapshot::blocking(std::size_t ticket) const {
     BlockingGpu b{g >= 0 ? gpu_names[g] : o.uuid, o.uuid, ""};
     switch (o.kind) {
       case Obstacle::Kind::kHeld:
-        b.reason = g >= 0 && locks[g].record           ? holder_summary(*locks[g].record)
+        b.reason = g >= 0 && locks[g].shared
+                       ? fmt::format("in shared use by {} lease{}", locks[g].shared_jobs,
+                                     locks[g].shared_jobs == 1 ? "" : "s")
+                   : g >= 0 && locks[g].record         ? holder_summary(*locks[g].record)
                    : g >= 0 && !locks[g].error.empty() ? locks[g].error
                                                        : "leased (details unavailable)";
         break;
@@ -119,6 +126,14 @@ std::vector<BlockingGpu> QueueSnapshot::blocking(std::size_t ticket) const {
       }
       case Obstacle::Kind::kMissing:
         b.reason = "no longer present";
+        break;
+      case Obstacle::Kind::kFull:
+        b.reason = g >= 0 && gpus[g].shared_jobs > 0
+                       ? fmt::format(
+                             "not enough free memory, or as many jobs as allowed ({} "
+                             "shared lease{})",
+                             gpus[g].shared_jobs, gpus[g].shared_jobs == 1 ? "" : "s")
+                       : "not enough free memory";
         break;
     }
     out.push_back(std::move(b));
@@ -159,6 +174,15 @@ std::string QueueSnapshot::blocked_by(std::size_t ticket, const Config& config) 
     }
     text =
         fmt::format("GPU{} {} reserved for it; ", placement.gpus.size() == 1 ? "" : "s", reserved);
+  }
+  if (!placement.held_back.empty()) {
+    std::vector<std::string> names;
+    for (const auto& uuid : placement.held_back) {
+      const int g = gpu_index(uuid);
+      names.push_back(g >= 0 ? gpu_names[g] : uuid);
+    }
+    text += fmt::format("no new shared lease starts on GPU{} {} for it; ",
+                        names.size() == 1 ? "" : "s", fmt::join(names, ", "));
   }
   // GPUs that wait for the same thing (one lease holding several) share one phrase.
   std::vector<std::pair<std::string, std::vector<std::string>>> grouped;

@@ -19,6 +19,11 @@ std::string request_text(const QueueEntry& e) {
       e.gpus_named.empty()
           ? fmt::format("{} GPU{}", e.gpus_requested, e.gpus_requested == 1 ? "" : "s")
           : fmt::format("{} named GPU{}", e.gpus_named.size(), e.gpus_named.size() == 1 ? "" : "s");
+  if (e.memory_bytes) {
+    text = format_size(*e.memory_bytes) + (e.gpus_requested == 1 ? "" : " × " + text);
+  } else if (e.slots) {
+    text = fmt::format("1/{} GPU", *e.slots) + (e.gpus_requested == 1 ? "" : " × " + text);
+  }
   if (e.priority == Priority::kLow) text += " (low)";
   return text;
 }

@@ -54,10 +54,14 @@ std::size_t terminal_columns() {
 // What the holder column says of a GPU that no readable lease holds.
 std::string unleased_text(const GpuStatus& g) {
   std::string text;
-  if (g.reserved_for)
+  if (g.reserved_for) {
+    const QueueEntry& r = *g.reserved_for;
+    const std::string what = r.memory_bytes ? format_size(*r.memory_bytes) + " shared"
+                             : r.slots      ? fmt::format("1/{} GPU shared", *r.slots)
+                                            : fmt::format("{}-GPU", r.gpus_requested);
     text =
-        fmt::format("reserved for {}'s {}-GPU request (queue position {}) ", g.reserved_for->user,
-                    g.reserved_for->gpus_requested, g.reserved_for->position);
+        fmt::format("reserved for {}'s {} request (queue position {}) ", r.user, what, r.position);
+  }
   for (const auto& p : g.processes) {
     if (!p.foreign) continue;
     text += fmt::format("{}pid {}{}", text.empty() ? "foreign: " : ", ", p.pid,

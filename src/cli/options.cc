@@ -126,8 +126,13 @@ Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::s
   const bool terminal = ::isatty(STDERR_FILENO) != 0;
   Lease lease;
   try {
-    lease = pool.acquire(
-        request, make_wait_display(fmt::format("{} GPU{}", wanted, wanted == 1 ? "" : "s")));
+    std::string what = fmt::format("{} GPU{}", wanted, wanted == 1 ? "" : "s");
+    if (request.memory_bytes) {
+      what = format_size(*request.memory_bytes) + " on " + what;
+    } else if (request.slots) {
+      what = fmt::format("1/{} of {}", *request.slots, what);
+    }
+    lease = pool.acquire(request, make_wait_display(what));
   } catch (...) {
     if (terminal) fmt::print(stderr, "\r\033[K");  // clear the live waiting line
     throw;

@@ -1,5 +1,5 @@
-// LocalBackend::acquire(): taking GPUs all-or-nothing under the machine-wide acquire mutex, in
-// the queue's order, and waiting without polling.
+// LocalBackend::acquire(): taking GPUs (whole, or a share of their memory) all-or-nothing under
+// the machine-wide acquire mutex, in the queue's order, and waiting without polling.
 #include "local/local_backend.h"
 
 #include <unistd.h>
@@ -20,6 +20,7 @@
 #include "local/fork_guard.h"
 #include "local/gpu_lock_file.h"
 #include "local/local_lease_keeper.h"
+#include "local/shared_leases.h"
 #include "process/process_identity.h"
 #include "queue/selection.h"
 #include "util/random_id.h"
@@ -92,7 +93,9 @@ std::optional<Lease> LocalBackend::try_lock(const std::vector<const Device*>& ch
 }
 
 Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
-  if (request.memory_bytes || request.slots) return acquire_shared(request, hooks);
+  // A shared lease (a share of each GPU's memory) waits in the same queue, by memory.
+  const bool shared = request.memory_bytes || request.slots;
+  if (shared) check_shared_request(request);
   validate_request(request);
   const auto start = Clock::now();
   const Clock::time_point deadline = wait_deadline(request, start);
@@ -166,7 +169,8 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   bool dispatcher = false;
   bool backup_dispatcher = false;  // a dispatcher other than the oldest waiter
   bool recheck_cheaply = false;
-  bool promoted = false;  // told it is a dispatcher now, with nothing else to plan for
+  bool promoted = false;         // told it is a dispatcher now, with nothing else to plan for
+  bool shared_in_queue = false;  // the last plan had shared requests (a GPU in use may have room)
 
   while (true) {
     const std::vector<Device> devices = source_->devices();
@@ -174,12 +178,17 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     // 1. Which devices could serve this request at all.
     std::vector<std::string> never_reasons;
     const std::vector<const Device*> candidates =
-        candidate_devices(devices, request, config_, never_reasons);
+        shared ? shared_candidates(devices, request, never_reasons)
+               : candidate_devices(devices, request, config_, never_reasons);
     if (candidates.size() < needed) {
-      throw unsatisfiable(
-          fmt::format("{} GPU{} requested but this machine has {} that can serve it", needed,
-                      needed == 1 ? "" : "s", candidates.size()),
-          never_reasons);
+      const std::string share = !shared ? ""
+                                : request.memory_bytes
+                                    ? " with " + format_size(*request.memory_bytes)
+                                    : fmt::format(" with 1/{}", *request.slots);
+      throw unsatisfiable(fmt::format("{} GPU{}{} requested but this machine has {} that can "
+                                      "serve it",
+                                      needed, needed == 1 ? "" : "s", share, candidates.size()),
+                          never_reasons);
     }
     wanted.candidates.clear();
     for (const Device* d : candidates) wanted.candidates.push_back(d->uuid);
@@ -201,8 +210,9 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       recheck_cheaply = true;
     }
     promoted = false;
-    const bool skip_plan =
-        recheck_cheaply && planned && ticket && !waiting_limits && every_gpu_held(devices);
+    // (A GPU in shared use may still have room: with shared requests waiting, always plan.)
+    const bool skip_plan = recheck_cheaply && planned && ticket && !waiting_limits &&
+                           !shared_in_queue && every_gpu_held(devices);
     recheck_cheaply = false;
     if (!skip_plan) {
       const AcquireMutexHold held = hold_acquire_mutex(deadline, start);
@@ -223,7 +233,14 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
 
       // The common case, one GPU of any with nobody waiting and no limits: the first free
       // healthy candidate is the plan's choice, so probe no further than that.
-      if (!others_wait && !any_gpu_limit && request.gpus.empty() && needed == 1) {
+      if (shared && !others_wait) {
+        // Nobody waits: the fitting GPUs, packed or spread, are the plan's choice.
+        if (std::optional<Lease> lease = try_shared_now(candidates, request)) {
+          ticket.leave();
+          note_served(uid);
+          return std::move(*lease);
+        }
+      } else if (!others_wait && !any_gpu_limit && request.gpus.empty() && needed == 1) {
         // Locking is the probe: a held GPU refuses the non-blocking lock, and we try the next.
         for (const Device* d : candidates) {
           if (!unready_reason(*d, request).empty()) continue;
@@ -246,6 +263,15 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         std::vector<std::string> chosen = std::move(wanted.candidates);
         wanted = ticket_for_request(request, needed, user);
         wanted.candidates = std::move(chosen);
+        if (shared) {
+          wanted.shared_units = request.memory_bytes
+                                    ? static_cast<std::uint32_t>(units_for(*request.memory_bytes))
+                                    : 0;
+          wanted.shared_slots = request.slots.value_or(0);
+          wanted.spread = request.spread;
+          // Shared leases may share a GPU with processes outside gpulock: their memory counts.
+          wanted.allow_foreign_processes = true;
+        }
       }
       std::vector<IndexEntry> gone;
       snapshot = plan(devices, listing, ticket ? nullptr : &wanted,
@@ -269,6 +295,8 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         continue;
       }
       planned = true;
+      shared_in_queue = std::any_of(snapshot.tickets.begin(), snapshot.tickets.end(),
+                                    [](const Ticket& t) { return t.shared(); });
 
       // A lock file that cannot be used (a planted symlink, ...) rules its GPU out.
       std::size_t unusable = 0;
@@ -297,7 +325,19 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           for (const Device* d : candidates)
             if (d->uuid == uuid) chosen.push_back(d);
         bool replaced = false;
-        if (std::optional<Lease> lease = try_lock(chosen, request, uid, replaced)) {
+        std::optional<Lease> lease;
+        if (shared) {
+          lease = try_lock_shared(
+              chosen.size(),
+              [&](std::size_t i) {
+                const int g = snapshot.gpu_index(chosen[i]->uuid);
+                return std::make_pair(chosen[i], static_cast<off_t>(snapshot.gpus[g].total_units));
+              },
+              request);
+        } else {
+          lease = try_lock(chosen, request, uid, replaced);
+        }
+        if (lease) {
           if (ticket) {
             tell_new_dispatchers(live, /*leaving=*/true);
             // The waiter after us watched our process; a dispatcher hears our departure anyway
@@ -428,9 +468,12 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
 
     // Only the dispatchers follow releases and GPU health; the others sleep until woken. Their
     // safety re-check is rare, so that a thousand idle waiters cost no CPU.
-    auto sleep = !dispatcher                   ? options_.safety_recheck_interval * 60
-                 : snapshot.health_dependent() ? options_.health_recheck_interval
-                                               : options_.safety_recheck_interval;
+    // Memory used outside gpulock changes without an event: while shared requests wait, the
+    // dispatchers (and only they) look again as often as for health.
+    auto sleep = !dispatcher ? options_.safety_recheck_interval * 60
+                 : snapshot.health_dependent() || shared_in_queue
+                     ? options_.health_recheck_interval
+                     : options_.safety_recheck_interval;
     const bool quick = quick_rechecks > 0;
     if (quick) {
       sleep = std::min(sleep, kQuickRechecks[std::size(kQuickRechecks) - quick_rechecks]);

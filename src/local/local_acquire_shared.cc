@@ -1,15 +1,13 @@
-// LocalBackend::acquire_shared(): a shared lease (a share of GPUs' memory) as byte-range OFD
-// locks in the GPUs' lock files, taken all-or-nothing under the machine-wide acquire mutex.
+// Shared leases (a share of GPUs' memory) on the local backend: how a GPU stands for them (its
+// free memory units and jobs, read from the locks), which GPUs could ever serve a request, and
+// taking the byte-range OFD locks all-or-nothing under the machine-wide acquire mutex.
 //
-// A shared request does not join the queue's index. It takes memory only while no request waits
-// in the queue (the queue holds exclusive requests), so an exclusive request waiting for a GPU
-// is never starved by a stream of small jobs: the shared leases drain and it is served. While
-// it waits, a shared request sleeps on lease releases and queue departures (inotify), with a
-// re-check every second for memory used outside gpulock, which changes without any event.
+// A shared request waits in the same queue as exclusive ones (local_acquire.cc): its ticket
+// carries the units it wants, and the planner (queue/schedule.h) serves, reserves and backfills
+// by memory.
 #include <unistd.h>
 
 #include <algorithm>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -29,173 +27,115 @@
 #include "util/unix_time.h"
 
 namespace gpulock {
-namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// Memory used outside gpulock (and the admin's reserve) can change without any event.
-constexpr std::chrono::milliseconds kSharedRecheck{1000};
-
-// The units a request wants on a GPU of `total_units`.
-off_t wanted_units(const LeaseRequest& request, off_t total_units) {
+off_t shared_units_wanted(const LeaseRequest& request, off_t total_units) {
   if (request.memory_bytes) return units_for(*request.memory_bytes);
   return std::max<off_t>(1, total_units / static_cast<off_t>(*request.slots));
 }
 
-}  // namespace
-
-Lease LocalBackend::acquire_shared(const LeaseRequest& request, const WaitHooks& hooks) {
-  validate_request(request);
+void LocalBackend::check_shared_request(const LeaseRequest& request) const {
   if (request.memory_bytes && *request.memory_bytes == 0)
     throw Error(ErrorCode::kInvalidArgument, "a shared lease's memory (--mem) must be more than 0");
+  if (request.memory_bytes && *request.memory_bytes > kSharedMaxUnits * kSharedUnitBytes)
+    throw Error(ErrorCode::kInvalidArgument,
+                "a shared lease's memory (--mem) must be at most 2 TiB per GPU");
   if (request.slots && *request.slots == 0)
     throw Error(ErrorCode::kInvalidArgument, "slots (--slots) must be at least 1");
-  const auto start = Clock::now();
-  const Clock::time_point deadline = wait_deadline(request, start);
+  if (request.slots && *request.slots > kMaxSharedUnits)
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("slots (--slots) must be at most {}", kMaxSharedUnits));
+}
+
+std::vector<const Device*> LocalBackend::shared_candidates(
+    const std::vector<Device>& devices, const LeaseRequest& request,
+    std::vector<std::string>& never_reasons) const {
+  // Devices that could serve it at all: also big enough for the share, once the reserve is
+  // kept back.
+  const auto too_small = [&](const Device& d) -> std::string {
+    const off_t total = static_cast<off_t>(d.memory_total_bytes.value_or(0) / kSharedUnitBytes);
+    const off_t reserve = config_.shared_memory_reserve_bytes == 0
+                              ? 0
+                              : units_for(config_.shared_memory_reserve_bytes);
+    if (!d.memory_total_bytes)
+      return fmt::format("GPU {}: its memory size is unknown", d.display_index());
+    if (total > kSharedMaxUnits)
+      return fmt::format("GPU {}: more memory than shared leases support (2 TiB)",
+                         d.display_index());
+    if (shared_units_wanted(request, total) > total - reserve)
+      return fmt::format("GPU {}: {} of memory, {} of it kept in reserve", d.display_index(),
+                         format_size(*d.memory_total_bytes),
+                         format_size(config_.shared_memory_reserve_bytes));
+    return "";
+  };
+  return candidate_devices(devices, request, config_, never_reasons, too_small);
+}
+
+LocalBackend::SharedRoom LocalBackend::shared_room(const Device& d) const {
+  SharedRoom room;
+  UniqueFd fd;
+  try {
+    fd = dir_.open_lock_file_for_reading(d.uuid);
+  } catch (const Error&) {
+    return room;  // an unusable lock file: status explains it
+  }
+  SharedUsage usage;
+  std::uint64_t covered = 0;
+  if (fd) {
+    const LockMode mode = held_mode(fd.get());
+    if (mode == LockMode::kExclusive) return room;
+    if (mode == LockMode::kNone && is_locked_elsewhere(fd.get())) return room;  // an outsider
+    usage = read_shared_usage(fd.get());
+    // Memory the device reports for the shared leases' own processes is inside their
+    // reservations, not outside them.
+    bool any_process_memory = false;
+    for (const GpuProcess& p : d.processes) any_process_memory |= p.used_memory_bytes.has_value();
+    if (any_process_memory)
+      for (const off_t slot : usage.slots)
+        if (auto record = read_shared_record(fd.get(), slot, d.uuid))
+          for (const GpuProcess& p : d.processes)
+            if (p.used_memory_bytes && covered_by(p.pid, *record)) covered += *p.used_memory_bytes;
+  }
+  const SharedFit fit = shared_fit(d, usage, config_, covered);
+  room.open = true;
+  room.total_units = fit.total_units;
+  room.free_units = fit.free_units();
+  room.jobs = fit.jobs;
+  return room;
+}
+
+std::optional<Lease> LocalBackend::try_shared_now(const std::vector<const Device*>& candidates,
+                                                  const LeaseRequest& request) {
   const std::size_t needed = request.gpus.empty() ? request.count : request.gpus.size();
-  check_gpu_limit(needed, user_of(::geteuid()), config_);
   std::optional<unsigned> cap = config_.max_jobs_per_gpu;
   if (request.slots) cap = cap ? std::min(*cap, *request.slots) : *request.slots;
   // Shared leases may share a GPU with processes outside gpulock: their memory is counted.
   LeaseRequest health = request;
   health.allow_foreign_processes = true;
-
-  ChannelLoan channel(*this);
-  std::string last_progress;
-  while (true) {
-    const std::vector<Device> devices = source_->devices();
-    // Devices that could serve it at all: also big enough for the share, once the reserve is
-    // kept back.
-    const auto too_small = [&](const Device& d) -> std::string {
-      const off_t total = static_cast<off_t>(d.memory_total_bytes.value_or(0) / kSharedUnitBytes);
-      const off_t reserve = config_.shared_memory_reserve_bytes == 0
-                                ? 0
-                                : units_for(config_.shared_memory_reserve_bytes);
-      if (!d.memory_total_bytes)
-        return fmt::format("GPU {}: its memory size is unknown", d.display_index());
-      if (total > kSharedMaxUnits)
-        return fmt::format("GPU {}: more memory than shared leases support (2 TiB)",
-                           d.display_index());
-      if (wanted_units(request, total) > total - reserve)
-        return fmt::format("GPU {}: {} of memory, {} of it kept in reserve", d.display_index(),
-                           format_size(*d.memory_total_bytes),
-                           format_size(config_.shared_memory_reserve_bytes));
-      return "";
-    };
-    std::vector<std::string> never_reasons;
-    const std::vector<const Device*> candidates =
-        candidate_devices(devices, request, config_, never_reasons, too_small);
-    if (candidates.size() < needed)
-      throw unsatisfiable(fmt::format("{} GPU{} with {} requested but this machine has {} that "
-                                      "can serve it",
-                                      needed, needed == 1 ? "" : "s",
-                                      request.memory_bytes ? format_size(*request.memory_bytes)
-                                                           : fmt::format("1/{}", *request.slots),
-                                      candidates.size()),
-                          never_reasons);
-
-    std::string blocked_by;
-    {
-      const AcquireMutexHold held = hold_acquire_mutex(deadline, start);
-
-      // The index's slots are only claims: a waiter that died leaves its slot until someone
-      // finds it dead. Check each (one fcntl) and clear the dead, so that a dead slot cannot
-      // hold shared requests back. The first live one is enough to wait for.
-      std::size_t waiting = 0;
-      const QueueDirectory::Listing listing = list_queue_index();
-      if (QueueDirectory* queue = queue_dir(false))
-        for (std::size_t i = 0; i < listing.live.size() && waiting == 0; ++i) {
-          if (queue->is_live(listing.live[i].id)) {
-            ++waiting;
-          } else if (i < listing.index.size()) {
-            queue->remove_dead(listing.index[i]);
-          }
-        }
-      if (waiting > 0) {
-        blocked_by = "requests for whole GPUs wait in the queue (they go first)";
-      } else {
-        struct Fitting {
-          const Device* device;
-          off_t total_units;
-          off_t free_units;
-        };
-        std::vector<Fitting> fitting;
-        for (const Device* d : candidates) {
-          if (!unready_reason(*d, health).empty()) continue;
-          UniqueFd fd;
-          try {
-            fd = dir_.open_lock_file_for_reading(d->uuid);
-          } catch (const Error&) {
-            continue;  // an unusable lock file: status explains it
-          }
-          SharedUsage usage;
-          std::uint64_t covered = 0;
-          if (fd) {
-            const LockMode mode = held_mode(fd.get());
-            if (mode == LockMode::kExclusive) continue;
-            if (mode == LockMode::kNone && is_locked_elsewhere(fd.get())) continue;  // outsider
-            usage = read_shared_usage(fd.get());
-            for (const off_t slot : usage.slots)
-              if (auto record = read_shared_record(fd.get(), slot, d->uuid))
-                for (const GpuProcess& p : d->processes)
-                  if (p.used_memory_bytes && covered_by(p.pid, *record))
-                    covered += *p.used_memory_bytes;
-          }
-          const SharedFit fit = shared_fit(*d, usage, config_, covered);
-          const off_t wanted = wanted_units(request, fit.total_units);
-          if (fit.free_units() < wanted || (cap && fit.jobs >= *cap)) continue;
-          fitting.push_back({d, fit.total_units, fit.free_units()});
-        }
-        if (fitting.size() >= needed) {
-          // Pack by default (the least free memory that fits first, so whole GPUs stay whole
-          // for exclusive leases); spread with --spread. Ties in index order.
-          std::stable_sort(fitting.begin(), fitting.end(), [&](const Fitting& a, const Fitting& b) {
-            return request.spread ? a.free_units > b.free_units : a.free_units < b.free_units;
-          });
-          fitting.resize(needed);
-          if (std::optional<Lease> lease = try_lock_shared(
-                  fitting.size(),
-                  [&](std::size_t i) {
-                    return std::make_pair(fitting[i].device, fitting[i].total_units);
-                  },
-                  request))
-            return std::move(*lease);
-        }
-        blocked_by = fmt::format("not enough free GPU memory ({} needed on {} GPU{})",
-                                 request.memory_bytes ? format_size(*request.memory_bytes)
-                                                      : fmt::format("1/{}", *request.slots),
-                                 needed, needed == 1 ? "" : "s");
-      }
-    }
-
-    if (!request.wait || Clock::now() >= deadline)
-      throw Error(ErrorCode::kTimedOut,
-                  fmt::format("{}: {}",
-                              request.wait ? "no GPU memory became available within the timeout"
-                                           : "the requested GPU memory is not free now",
-                              blocked_by));
-    if (hooks.on_progress && (blocked_by != last_progress || hooks.progress_refresh)) {
-      last_progress = blocked_by;
-      hooks.on_progress(
-          WaitProgress{Clock::now() - start, {}, 0, 0, QueueStanding::kWaiting, blocked_by});
-    }
-    channel.take();
-    channel->watch_releases(dir_.fd(), true);
-    if (QueueDirectory* queue = queue_dir(false)) channel->watch_departures(queue->fd(), true);
-    auto slice = kSharedRecheck;
-    if (hooks.interrupted) slice = std::min(slice, hooks.interrupt_poll);
-    if (hooks.progress_refresh) slice = std::min(slice, *hooks.progress_refresh);
-    if (deadline != Clock::time_point::max())
-      slice =
-          std::min(slice, std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()) +
-                              std::chrono::milliseconds(1));
-    slice = std::max(slice, std::chrono::milliseconds(0));
-    const WaitChannel::Wakeup woke = channel->wait(-1, slice);
-    if (hooks.interrupted && hooks.interrupted())
-      throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPU memory");
-    // The kernel reports a close just before it drops the lock: give the release a moment.
-    if (!woke.timed_out()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  struct Fitting {
+    const Device* device;
+    off_t total_units;
+    off_t free_units;
+  };
+  std::vector<Fitting> fitting;
+  for (const Device* d : candidates) {
+    if (!unready_reason(*d, health).empty()) continue;
+    const SharedRoom room = shared_room(*d);
+    if (!room.open || room.free_units < shared_units_wanted(request, room.total_units) ||
+        (cap && room.jobs >= *cap))
+      continue;
+    fitting.push_back({d, room.total_units, room.free_units});
   }
+  if (fitting.size() < needed) return std::nullopt;
+  // Pack by default (the least free memory that fits first, so whole GPUs stay whole for
+  // exclusive leases); spread with --spread. Ties in index order.
+  std::stable_sort(fitting.begin(), fitting.end(), [&](const Fitting& a, const Fitting& b) {
+    return request.spread ? a.free_units > b.free_units : a.free_units < b.free_units;
+  });
+  fitting.resize(needed);
+  return try_lock_shared(
+      fitting.size(),
+      [&](std::size_t i) { return std::make_pair(fitting[i].device, fitting[i].total_units); },
+      request);
 }
 
 std::optional<Lease> LocalBackend::try_lock_shared(
@@ -208,7 +148,7 @@ std::optional<Lease> LocalBackend::try_lock_shared(
   std::uint64_t reserved = 0;
   for (std::size_t i = 0; i < count; ++i) {
     const auto [d, total_units] = gpu(i);
-    const off_t wanted = wanted_units(request, total_units);
+    const off_t wanted = shared_units_wanted(request, total_units);
     reserved = static_cast<std::uint64_t>(wanted) * kSharedUnitBytes;
     struct stat opened {};
     UniqueFd fd = dir_.open_lock_file(d->uuid, &opened);
@@ -240,7 +180,6 @@ std::optional<Lease> LocalBackend::try_lock_shared(
   record.memory_bytes = reserved;
   for (const auto& g : lease->gpus) record.gpus.push_back(g.uuid);
   lease->keeper->publish_record(record);
-  note_served(record.uid);
   return Lease(std::move(lease));
 }
 

@@ -2,7 +2,8 @@
 // the machine's users, and a fair queue of waiters in files beside them. No daemon: whoever
 // acquires plans the queue. See docs/design.md.
 //
-// Its parts: local_acquire.cc (taking GPUs and waiting), local_queue.cc (planning the queue),
+// Its parts: local_acquire.cc (taking GPUs and waiting), local_acquire_shared.cc (shared
+// leases: room on a GPU, locking units), local_queue.cc (planning the queue),
 // local_status.cc, local_release.cc, local_doctor.cc; the lock directory and files, the queue
 // directory and the wait channel are this folder's primitives.
 #pragma once
@@ -58,9 +59,28 @@ class LocalBackend final : public LeaseBackend {
   // `uid`: this process's effective uid, the holder's.
   std::optional<Lease> try_lock(const std::vector<const Device*>& chosen,
                                 const LeaseRequest& request, uid_t uid, bool& replaced);
-  // A shared lease (request.memory_bytes or request.slots): byte ranges of the GPUs' lock files
-  // (local_acquire_shared.cc).
-  Lease acquire_shared(const LeaseRequest& request, const WaitHooks& hooks);
+  // Shared leases (request.memory_bytes or request.slots): byte ranges of the GPUs' lock files
+  // (local_acquire_shared.cc). They wait in the same queue as exclusive requests.
+  // Throws kInvalidArgument for a share out of range.
+  void check_shared_request(const LeaseRequest& request) const;
+  // The devices that could ever serve a shared request (big enough once the reserve is kept).
+  std::vector<const Device*> shared_candidates(const std::vector<Device>& devices,
+                                               const LeaseRequest& request,
+                                               std::vector<std::string>& never_reasons) const;
+  // How a GPU stands for shared leases now: `open` unless an exclusive lease (or a process
+  // outside gpulock's protocol) holds it; its memory units, those free for new shared leases
+  // (after the reserve and memory used outside gpulock), and its shared leases.
+  struct SharedRoom {
+    bool open = false;
+    off_t total_units = 0;
+    off_t free_units = 0;
+    unsigned jobs = 0;
+  };
+  SharedRoom shared_room(const Device& device) const;
+  // A shared request served at once when nobody waits: the fitting GPUs, packed or spread.
+  // REQUIRES: the acquire mutex is held.
+  std::optional<Lease> try_shared_now(const std::vector<const Device*>& candidates,
+                                      const LeaseRequest& request);
   // Locks a share of each of `count` GPUs (gpu(i): the device and its memory units) and writes
   // the records; nullopt if one is taken outside gpulock's protocol meanwhile.
   // REQUIRES: the acquire mutex is held.

@@ -1,9 +1,11 @@
 // The local backend's queue: planning it from the queue directory and the lock files, and
 // describing it to people (`gpulock queue`).
+#include <algorithm>
 #include <map>
 #include <optional>
 
 #include "backend/queue_request.h"
+#include "local/gpu_lock_file.h"
 #include "local/local_backend.h"
 #include "process/process_identity.h"
 
@@ -29,12 +31,26 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
     snapshot.tickets.back().seq = listing.highest_seq + 1;
   }
 
+  // GPUs are read for shared requests (free memory units, shared jobs) only when one takes part.
+  bool any_shared = false;
+  for (const Ticket& t : snapshot.tickets) any_shared |= t.shared();
+  any_shared |= own && own->shared();
+
   std::map<std::string, const Device*> by_uuid;
   for (const auto& d : devices) {
     by_uuid[d.uuid] = &d;
     PlannedGpu gpu{d.uuid, false, std::nullopt};
     LockState p = probe(d.uuid, with_records);
     gpu.held = p.locked || !p.error.empty();
+    if (any_shared && p.error.empty() && (!p.locked || p.shared)) {
+      const SharedRoom room = shared_room(d);
+      gpu.shared_use = p.locked && room.open;
+      if (room.open) {
+        gpu.total_units = static_cast<std::uint32_t>(room.total_units);
+        gpu.free_units = static_cast<std::uint32_t>(room.free_units);
+        gpu.shared_jobs = room.jobs;
+      }
+    }
     if (p.record) gpu.holder_uid = p.record->uid;
     if (d.memory_total_bytes && *d.memory_total_bytes > 0)
       for (const auto& record : p.shared_records)
@@ -68,6 +84,10 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
     }
     t.user = last_user;
     PlanRequest r = plan_request_for(t, last_limits);
+    if (t.shared_slots > 0) r.job_cap = t.shared_slots;
+    if (config_.max_jobs_per_gpu)
+      r.job_cap =
+          r.job_cap ? std::min(*r.job_cap, *config_.max_jobs_per_gpu) : *config_.max_jobs_per_gpu;
     r.details_pending = from_index && !(own && t.id == own->id);
     // A request that has not registered does not wait yet: the waiting limit is not its
     // concern until it must (acquire() decides then).
@@ -93,6 +113,7 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
     t = std::move(*full);
     t.user = user;
     r.candidates = t.candidates;
+    r.spread = t.spread;
     snapshot.unhealthy_reasons[i] = unhealthy_candidates(t, device_of);
     for (const auto& [uuid, reason] : snapshot.unhealthy_reasons[i]) r.unhealthy.push_back(uuid);
     return true;
@@ -114,7 +135,11 @@ QueueStatus LocalBackend::queue_status(const std::vector<Device>* devices) {
   const QueueSnapshot snapshot =
       plan(devices ? *devices : source_->devices(), listing, nullptr, nullptr, true);
   for (std::size_t position = 0; position < snapshot.plan.order.size(); ++position) {
-    status.entries.push_back(snapshot.entry_at(position, config_));
+    QueueEntry entry = snapshot.entry_at(position, config_);
+    const Ticket& t = snapshot.tickets[snapshot.plan.order[position].request];
+    if (t.shared_units > 0) entry.memory_bytes = std::uint64_t{t.shared_units} * kSharedUnitBytes;
+    if (t.shared_slots > 0) entry.slots = t.shared_slots;
+    status.entries.push_back(std::move(entry));
   }
   return status;
 }

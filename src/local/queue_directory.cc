@@ -278,6 +278,8 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
   entry.needed = ticket.needed;
   entry.named_gpus = ticket.named_gpus;
   entry.entered_over_limit = ticket.entered_over_limit;
+  entry.shared_units = ticket.shared_units;
+  entry.shared_slots = ticket.shared_slots;
   try {
     entry = index().add(entry, listing.contents);
   } catch (const Error&) {
@@ -341,6 +343,8 @@ QueueDirectory::Listing QueueDirectory::list_index() const {
     t.needed = e.needed;
     t.named_gpus = e.named_gpus;
     t.entered_over_limit = e.entered_over_limit;
+    t.shared_units = e.shared_units;
+    t.shared_slots = e.shared_slots;
   }
   read_last_served(listing);
   return listing;
@@ -359,7 +363,8 @@ std::optional<Ticket> QueueDirectory::read_ticket(const IndexEntry& entry) const
     if (!ticket || ticket->id != entry.id || ticket->seq != entry.seq || ticket->uid != entry.uid ||
         ticket->needed != entry.needed || ticket->priority != entry.priority ||
         ticket->named_gpus != entry.named_gpus ||
-        ticket->entered_over_limit != entry.entered_over_limit)
+        ticket->entered_over_limit != entry.entered_over_limit ||
+        ticket->shared_units != entry.shared_units || ticket->shared_slots != entry.shared_slots)
       return std::nullopt;
     // Bounded: the tickets a plan reads are those near the head of the queue.
     if (open_tickets_.size() >= 256) open_tickets_.clear();

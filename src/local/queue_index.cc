@@ -14,6 +14,7 @@
 
 #include "gpulock/error.hpp"
 #include "local/lock_directory.h"
+#include "queue/ticket.h"
 #include "util/random_id.h"
 
 namespace gpulock {
@@ -37,7 +38,9 @@ struct RawSlot {
   std::uint32_t needed;
   std::uint8_t priority;
   std::uint8_t flags;
-  std::uint8_t reserved[10];
+  std::uint16_t shared_units;  // a shared request's memory units per GPU (0: whole GPUs)
+  std::uint16_t shared_slots;  // ... or its slots
+  std::uint8_t reserved[6];
   std::uint64_t check;
 };
 static_assert(sizeof(RawSlot) == kRecordSize);
@@ -130,6 +133,7 @@ QueueIndex::Contents QueueIndex::read() const {
     // Checked before anything is made of it (the id's string is an allocation).
     const bool valid = raw.seq > 0 && raw.seq <= kMaxSeq && raw.pid > 0 && raw.needed >= 1 &&
                        raw.needed <= kMaxNeeded && raw.priority <= 1 && (raw.flags & ~3) == 0 &&
+                       raw.shared_units <= kMaxSharedUnits && raw.shared_slots <= kMaxSharedUnits &&
                        raw.check == checksum(raw) &&
                        is_lease_id(std::string_view(raw.id, sizeof raw.id));
     if (!valid) {
@@ -149,6 +153,8 @@ QueueIndex::Contents QueueIndex::read() const {
     e.priority = raw.priority == 1 ? Priority::kLow : Priority::kNormal;
     e.named_gpus = (raw.flags & kNamedGpus) != 0;
     e.entered_over_limit = (raw.flags & kOverLimit) != 0;
+    e.shared_units = raw.shared_units;
+    e.shared_slots = raw.shared_slots;
     highest = std::max(highest, e.seq);
   }
   if (!found_free) contents.first_free = static_cast<std::uint32_t>(records > 0 ? records - 1 : 0);
@@ -176,6 +182,8 @@ IndexEntry QueueIndex::add(IndexEntry entry, const Contents& contents) {
   raw.priority = entry.priority == Priority::kLow ? 1 : 0;
   raw.flags = static_cast<std::uint8_t>((entry.named_gpus ? kNamedGpus : 0) |
                                         (entry.entered_over_limit ? kOverLimit : 0));
+  raw.shared_units = static_cast<std::uint16_t>(std::min(entry.shared_units, kMaxSharedUnits));
+  raw.shared_slots = static_cast<std::uint16_t>(std::min(entry.shared_slots, kMaxSharedUnits));
   raw.check = checksum(raw);
   write_exactly(fd_.get(), &raw, sizeof raw, slot_offset(entry.slot), "a new slot");
   RawHeader header{};

@@ -2,7 +2,8 @@
 // file ("<lock dir>/queue/index"), so that planning reads the whole queue with one pread instead
 // of opening, checking and parsing a ticket file per waiter.
 //
-// A slot holds what ordering the queue needs (arrival, user, process, priority, size, flags)
+// A slot holds what ordering the queue needs (arrival, user, process, priority, size, flags, and
+// a shared request's memory units or slots)
 // and the id of the waiter's ticket file, which stays the truth: a slot counts only while its
 // ticket is live (QueueDirectory). Planners read a ticket's details and check its liveness only
 // when the plan reaches it while some GPU is still free (see plan_queue's loader), so the cost
@@ -38,6 +39,9 @@ struct IndexEntry {
   unsigned needed = 1;
   bool named_gpus = false;
   bool entered_over_limit = false;
+  // A shared request's memory units per GPU, or slots (see Ticket); 0 for whole GPUs.
+  std::uint32_t shared_units = 0;
+  std::uint32_t shared_slots = 0;
 };
 
 class QueueIndex {

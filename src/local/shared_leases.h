@@ -18,6 +18,7 @@
 #include "backend/holder_record.h"
 #include "gpulock/config.hpp"
 #include "gpulock/device.hpp"
+#include "gpulock/request.hpp"
 
 namespace gpulock {
 
@@ -36,6 +37,9 @@ std::optional<HolderRecord> read_shared_record(int fd, off_t slot, const std::st
 
 // Units needed for `bytes` (rounded up; at least one).
 off_t units_for(std::uint64_t bytes);
+
+// The units a shared request (memory_bytes or slots) wants on a GPU of `total_units`.
+off_t shared_units_wanted(const LeaseRequest& request, off_t total_units);
 
 // How a GPU stands for shared leases: its units in all, those the reserve and processes
 // outside gpulock take, those leases hold, and how many leases it carries.

@@ -21,6 +21,12 @@ struct OrderKey {
 
 }  // namespace
 
+std::uint32_t PlanRequest::units_on(std::uint32_t total_units) const {
+  if (shared_units > 0) return shared_units;
+  if (shared_slots == 0) return 0;
+  return std::max<std::uint32_t>(1, total_units / shared_slots);
+}
+
 const Placement& Plan::of(std::size_t request) const {
   return order.at(position_of.at(request));
 }
@@ -50,6 +56,16 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
     for (const auto& [uid, part] : gpu.shared_by) share_by_user[uid] += part;
   }
 
+  // What one GPU of a request weighs in its user's share: a whole GPU, or for a shared request
+  // its part of the largest GPU's memory.
+  std::uint32_t largest_units = 0;
+  for (const auto& gpu : gpus) largest_units = std::max(largest_units, gpu.total_units);
+  const auto weight_of = [&](const PlanRequest& r) -> std::uint64_t {
+    if (!r.shared() || largest_units == 0) return kShareScale;
+    return std::max<std::uint64_t>(
+        1, std::min<std::uint64_t>(kShareScale, std::uint64_t{r.units_on(largest_units)} *
+                                                    kShareScale / largest_units));
+  };
   for (auto& [uid, indices] : by_user) {
     std::sort(indices.begin(), indices.end(),
               [&](std::size_t a, std::size_t b) { return requests[a].seq < requests[b].seq; });
@@ -67,7 +83,7 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
       keys[i].share = policy == QueuePolicy::kFairShare ? share : 0;
       keys[i].last_served = policy == QueuePolicy::kFairShare ? r.user_last_served : 0;
       keys[i].seq = r.seq;
-      share += std::uint64_t{r.needed} * kShareScale;
+      share += std::uint64_t{r.needed} * weight_of(r);
     }
   }
 
@@ -103,12 +119,24 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   std::vector<std::size_t> order(requests.size());
   for (std::size_t i = 0; i < sortable.size(); ++i) order[i] = sortable[i].index;
 
-  // Walk the order over the free GPUs. claimed_by: a free GPU given or reserved, and to whom.
-  std::set<std::string> free;
-  std::set<std::string> known;
+  // Walk the order over the GPUs. claimed: a GPU given or reserved (or held back) as a whole,
+  // and to whom. Shared requests take units of GPUs that stay open to later shared requests.
+  struct GpuWalk {
+    bool free = false;        // no lease holds it
+    bool shared_use = false;  // held by shared leases only
+    std::uint32_t total_units = 0;
+    std::uint32_t units_left = 0;
+    unsigned jobs = 0;
+    std::optional<std::size_t> shared_given_to;  // the first shared request given part of it
+  };
+  std::map<std::string, GpuWalk> walk;
   for (const auto& gpu : gpus) {
-    known.insert(gpu.uuid);
-    if (!gpu.held) free.insert(gpu.uuid);
+    GpuWalk& w = walk[gpu.uuid];
+    w.free = !gpu.held;
+    w.shared_use = gpu.held && gpu.shared_use;
+    w.total_units = gpu.total_units;
+    w.units_left = gpu.free_units;
+    w.jobs = gpu.shared_jobs;
   }
   struct Claim {
     std::size_t by;
@@ -116,6 +144,16 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   };
   std::map<std::string, Claim> claimed;
   std::map<uid_t, std::uint64_t> given_to_user;
+  // Whether some GPU could still serve or be reserved by a request further back: free and not
+  // claimed, or open to shared leases with memory left.
+  const auto open_gpu_left = [&] {
+    for (const auto& [uuid, w] : walk) {
+      if (claimed.count(uuid)) continue;
+      if (w.free && !w.shared_given_to) return true;
+      if ((w.free || w.shared_use) && w.units_left > 0) return true;
+    }
+    return false;
+  };
 
   Plan plan;
   plan.position_of.assign(requests.size(), 0);
@@ -124,13 +162,12 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
     Placement placement;
     placement.request = index;
     const bool over_gpu_limit =
-        !held_back[index] && r.limits.max_gpus &&
+        !held_back[index] && !r.shared() && r.limits.max_gpus &&
         held_by_user[r.uid] + given_to_user[r.uid] + r.needed > *r.limits.max_gpus;
     if (r.details_pending && !held_back[index] && !over_gpu_limit) {
-      // Only a free GPU that nobody earlier was given or reserved can change anything now.
-      const bool free_left = free.size() > claimed.size();
+      // Only a GPU that nobody earlier was given or reserved can change anything now.
       bool takes_part = false;
-      if (free_left && load) {
+      if (load && open_gpu_left()) {
         r.details_pending = false;
         takes_part = load(index, r);
       }
@@ -141,6 +178,13 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
         continue;
       }
     }
+    // Whether it can ever be served: its GPUs are on the machine. A request that cannot
+    // reserves nothing: holding GPUs back would only starve others.
+    const auto present =
+        std::count_if(r.candidates.begin(), r.candidates.end(),
+                      [&](const std::string& uuid) { return walk.count(uuid) > 0; });
+    const bool servable_ever = static_cast<std::size_t>(present) >= r.needed &&
+                               (!r.named_gpus || present == static_cast<long>(r.candidates.size()));
     if (held_back[index]) {
       placement.standing = QueueStanding::kOverWaitingLimit;
       placement.may_enter = may_enter[index];
@@ -151,15 +195,24 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
       std::vector<std::string> usable;
       for (const auto& uuid : r.candidates) {
         Obstacle obstacle{uuid, Obstacle::Kind::kHeld, std::nullopt};
-        if (!known.count(uuid)) {
+        const auto w = walk.find(uuid);
+        const auto claim = claimed.find(uuid);
+        if (w == walk.end()) {
           obstacle.kind = Obstacle::Kind::kMissing;
-        } else if (!free.count(uuid)) {
+        } else if (!w->second.free && !(r.shared() && w->second.shared_use)) {
           obstacle.kind = Obstacle::Kind::kHeld;
-        } else if (auto claim = claimed.find(uuid); claim != claimed.end()) {
+        } else if (claim != claimed.end()) {
           obstacle.kind = claim->second.given ? Obstacle::Kind::kGiven : Obstacle::Kind::kReserved;
           obstacle.by = claim->second.by;
+        } else if (!r.shared() && w->second.shared_given_to) {
+          obstacle.kind = Obstacle::Kind::kGiven;
+          obstacle.by = w->second.shared_given_to;
         } else if (unhealthy.count(uuid)) {
           obstacle.kind = Obstacle::Kind::kUnhealthy;
+        } else if (r.shared() &&
+                   (w->second.total_units == 0 || (r.job_cap && w->second.jobs >= *r.job_cap) ||
+                    w->second.units_left < r.units_on(w->second.total_units))) {
+          obstacle.kind = Obstacle::Kind::kFull;
         } else {
           usable.push_back(uuid);
           continue;
@@ -173,26 +226,75 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
           std::iota(chosen->begin(), chosen->end(), 0);
         }
       } else if (usable.size() >= r.needed && r.needed > 0) {
-        chosen = choose_gpus(usable, r.needed, distance);
+        if (r.shared()) {
+          // Pack (the least free memory first, so whole GPUs stay whole for exclusive
+          // requests) or spread; ties in candidate order. Then back in candidate order.
+          std::vector<std::size_t> by_room(usable.size());
+          std::iota(by_room.begin(), by_room.end(), 0);
+          std::stable_sort(by_room.begin(), by_room.end(), [&](std::size_t a, std::size_t b) {
+            const auto room_a = walk[usable[a]].units_left, room_b = walk[usable[b]].units_left;
+            return r.spread ? room_a > room_b : room_a < room_b;
+          });
+          by_room.resize(r.needed);
+          std::sort(by_room.begin(), by_room.end());
+          chosen = std::move(by_room);
+        } else {
+          chosen = choose_gpus(usable, r.needed, distance);
+        }
       }
       if (chosen) {
         placement.standing = QueueStanding::kNext;
         placement.obstacles.clear();
         for (std::size_t position : *chosen) placement.gpus.push_back(usable[position]);
-        given_to_user[r.uid] += placement.gpus.size();
+        if (r.shared()) {
+          for (const auto& uuid : placement.gpus) {
+            GpuWalk& w = walk[uuid];
+            w.units_left -= r.units_on(w.total_units);
+            ++w.jobs;
+            if (!w.shared_given_to) w.shared_given_to = index;
+          }
+        } else {
+          given_to_user[r.uid] += placement.gpus.size();
+          for (const auto& uuid : placement.gpus) claimed[uuid] = Claim{index, true};
+        }
       } else {
         placement.standing = QueueStanding::kWaiting;
-        // Reserved: later requests may not use them. Unless the request can never be served
-        // (its GPUs are gone from the machine): then holding GPUs back would only starve others.
-        const auto present =
-            std::count_if(r.candidates.begin(), r.candidates.end(),
-                          [&](const std::string& uuid) { return known.count(uuid) > 0; });
-        if (static_cast<std::size_t>(present) >= r.needed &&
-            (!r.named_gpus || present == static_cast<long>(r.candidates.size())))
+        if (servable_ever && !r.shared()) {
+          // Reserved: later requests may not use them.
           placement.gpus = usable;
+          // Not enough free GPUs: hold back GPUs in shared use (fewest leases first) against
+          // new shared leases, so that they drain and this request gets them.
+          const std::size_t wanted = r.named_gpus ? r.candidates.size() : r.needed;
+          std::vector<std::string> drain;
+          for (const auto& uuid : r.candidates)
+            if (const auto w = walk.find(uuid);
+                w != walk.end() && w->second.shared_use && !claimed.count(uuid))
+              drain.push_back(uuid);
+          std::stable_sort(drain.begin(), drain.end(), [&](const auto& a, const auto& b) {
+            return walk[a].jobs < walk[b].jobs;
+          });
+          const std::size_t more = wanted > usable.size() ? wanted - usable.size() : 0;
+          if (drain.size() > more) drain.resize(more);
+          placement.held_back = std::move(drain);
+        } else if (servable_ever) {
+          // A shared request reserves the GPUs it waits on (the most free memory first), so
+          // that smaller requests behind it cannot take that memory as it frees up.
+          std::vector<std::string> waits_on;
+          for (const auto& uuid : r.candidates)
+            if (const auto w = walk.find(uuid);
+                w != walk.end() && (w->second.free || w->second.shared_use) && !claimed.count(uuid))
+              waits_on.push_back(uuid);
+          std::stable_sort(waits_on.begin(), waits_on.end(), [&](const auto& a, const auto& b) {
+            return walk[a].units_left > walk[b].units_left;
+          });
+          if (!r.named_gpus && waits_on.size() > r.needed) waits_on.resize(r.needed);
+          for (auto& uuid : waits_on)
+            (walk[uuid].free && !walk[uuid].shared_given_to ? placement.gpus : placement.held_back)
+                .push_back(std::move(uuid));
+        }
+        for (const auto& uuid : placement.gpus) claimed[uuid] = Claim{index, false};
+        for (const auto& uuid : placement.held_back) claimed[uuid] = Claim{index, false};
       }
-      const bool given = placement.standing == QueueStanding::kNext;
-      for (const auto& uuid : placement.gpus) claimed[uuid] = Claim{index, given};
     }
     plan.position_of[index] = plan.order.size();
     plan.order.push_back(std::move(placement));

@@ -25,7 +25,17 @@
 //   - otherwise it waits and reserves the usable free GPUs it found: later requests may not use
 //     them (unless it can never be served because its GPUs are gone from the machine). So a big
 //     request gathers GPUs as they free up while smaller ones use only the GPUs it cannot
-//     (backfill).
+//     (backfill). When free GPUs do not make up its number, it also holds back GPUs in shared
+//     use (fewest shared leases first) against new shared leases, so that they drain and a
+//     stream of small jobs cannot starve it.
+// Shared requests (a share of each GPU's memory, several jobs per GPU) walk the same order:
+//   - one is served on GPUs in shared use or free, not held by an exclusive lease, not given or
+//     reserved to an earlier request, healthy for it, with enough free memory units left (after
+//     what earlier shared requests were given in this plan) and fewer shared leases than its
+//     job cap; packed (least free memory first) or spread (most first);
+//   - one that cannot be served reserves the GPUs it waits on (those with the most free memory
+//     first): later requests may not use them, so a big shared request is not starved by small
+//     ones either, while later requests still use every other GPU (backfill).
 #pragma once
 
 #include <sys/types.h>
@@ -50,6 +60,14 @@ struct PlannedGpu {
   // Shared leases on it (several jobs by memory), by user: the part of the GPU each holds, in
   // 1/kShareScale of a GPU (its reserved memory over the GPU's). Fair share counts them so.
   std::vector<std::pair<uid_t, std::uint64_t>> shared_by = {};
+  // For shared requests: held by shared leases only (`held` is true too), so that more may be
+  // added; its memory in units; the units free for new shared leases (after the administrator's
+  // reserve, memory used outside gpulock and the units held); and the shared leases on it.
+  // A backend without shared leases leaves these at zero.
+  bool shared_use = false;
+  std::uint32_t total_units = 0;
+  std::uint32_t free_units = 0;
+  unsigned shared_jobs = 0;
 };
 
 // Fair-share shares are counted in 1/kShareScale of a GPU, so that a shared lease of half a
@@ -71,6 +89,15 @@ struct PlanRequest {
   // Only the fields that order the queue are known; candidates and health come from the
   // loader, if the plan needs them (see plan_queue).
   bool details_pending = false;
+  // A shared request: the memory units it wants on each of its GPUs, or else 1/shared_slots of
+  // each GPU's units; both 0 for an exclusive request (whole GPUs).
+  std::uint32_t shared_units = 0;
+  std::uint32_t shared_slots = 0;
+  std::optional<unsigned> job_cap;  // shared leases a GPU may carry with it (slots, config)
+  bool spread = false;              // the emptiest GPUs first instead of packing
+  bool shared() const { return shared_units > 0 || shared_slots > 0; }
+  // The units it wants on a GPU of `total_units`.
+  std::uint32_t units_on(std::uint32_t total_units) const;
 };
 
 // Why a request lacks a GPU it could use.
@@ -81,6 +108,7 @@ struct Obstacle {
     kGiven,      // free, but given to an earlier request in this plan (`by`)
     kUnhealthy,  // free, but fails this request's health filters
     kMissing,    // not among the machine's GPUs now
+    kFull,       // in shared use with too little free memory, or its job cap reached (shared)
   };
   std::string uuid;
   Kind kind = Kind::kHeld;
@@ -94,6 +122,9 @@ struct Placement {
   std::vector<std::string> gpus;
   std::vector<Obstacle> obstacles;  // kWaiting: why it lacks each other candidate
   bool may_enter = false;           // kOverWaitingLimit: there is room for it now
+  // kWaiting: GPUs in shared use held back for it (no new shared lease starts there), so that
+  // they drain for an exclusive request or gather memory for a shared one.
+  std::vector<std::string> held_back;
 };
 
 struct Plan {

@@ -55,6 +55,9 @@ std::string serialize_ticket(const Ticket& t) {
   j["allow_foreign"] = t.allow_foreign_processes;
   j["label"] = sanitize_for_display(t.label, kMaxTextLength);
   j["command"] = sanitize_for_display(t.command, kMaxTextLength);
+  if (t.shared_units > 0) j["shared_units"] = t.shared_units;
+  if (t.shared_slots > 0) j["shared_slots"] = t.shared_slots;
+  if (t.spread) j["spread"] = true;
   return j.dump() + "\n";
 }
 
@@ -123,6 +126,20 @@ std::optional<Ticket> parse_ticket(std::string_view bytes) {
   t.allow_foreign_processes = j["allow_foreign"].get<bool>();
   if (!string_field(j, "label", kMaxTextLength, t.label)) return std::nullopt;
   if (!string_field(j, "command", kMaxTextLength, t.command)) return std::nullopt;
+  if (j.contains("shared_units")) {
+    if (!unsigned_field(j, "shared_units", kMaxSharedUnits, number) || number == 0)
+      return std::nullopt;
+    t.shared_units = static_cast<std::uint32_t>(number);
+  }
+  if (j.contains("shared_slots")) {
+    if (!unsigned_field(j, "shared_slots", kMaxSharedUnits, number) || number == 0)
+      return std::nullopt;
+    t.shared_slots = static_cast<std::uint32_t>(number);
+  }
+  if (j.contains("spread")) {
+    if (!j["spread"].is_boolean()) return std::nullopt;
+    t.spread = j["spread"].get<bool>();
+  }
   // Shown to people: whatever was planted must not reach a terminal as escape sequences.
   t.user = sanitize_for_display(t.user, 64);
   t.label = sanitize_for_display(t.label, kMaxTextLength);

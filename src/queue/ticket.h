@@ -40,7 +40,16 @@ struct Ticket {
   bool allow_foreign_processes = false;
   std::string label;
   std::string command;
+  // A shared request (several jobs per GPU by memory): the memory units it wants on each GPU,
+  // or else 1/shared_slots of each GPU; both 0 for a request of whole GPUs.
+  std::uint32_t shared_units = 0;
+  std::uint32_t shared_slots = 0;
+  bool spread = false;  // shared: the emptiest GPUs first
+  bool shared() const { return shared_units > 0 || shared_slots > 0; }
 };
+
+// At most this many memory units (or slots) per GPU in a shared request (2 TiB of 256 MiB).
+inline constexpr std::uint32_t kMaxSharedUnits = 8192;
 
 // At most this many bytes are read from a ticket file.
 inline constexpr std::size_t kMaxTicketSize = 64 * 1024;

@@ -9,6 +9,7 @@ import signal
 import time
 
 from conftest import EX_TEMPFAIL, HANG, PYTHON, sim_uuid, wait_until
+from test_queue import Jobs
 
 GIB = 1 << 30
 GPU_MEMORY = 80 * GIB
@@ -225,11 +226,11 @@ def test_memory_used_outside_gpulock_counts(gl):
 
 
 def test_a_killed_whole_gpu_waiter_does_not_hold_shared_requests_back(gl):
-    env = gl.env(fake="2")
-    holder, _ = gl.hold("--gpus", "0", env=env)
-    waiter = gl.spawn("run", "--gpus", "0", "--", "true", env=env)
+    env = gl.env(fake="1")
+    holder, _ = gl.hold("--mem", "10G", env=env)
+    waiter = gl.spawn("run", "--", "true", env=env)
     waiter.wait_for_stderr("waiting", timeout=HANG)
-    # While it waits, shared requests wait behind it, even for the other GPU.
+    # While it waits for the GPU, no new shared lease starts there (it drains for the waiter).
     blocked = gl.run("run", "--mem", "10G", "--no-wait", "--", "true", env=env)
     assert blocked.returncode == EX_TEMPFAIL, blocked.stderr
     waiter.kill_group(signal.SIGKILL)
@@ -238,6 +239,62 @@ def test_a_killed_whole_gpu_waiter_does_not_hold_shared_requests_back(gl):
     result = gl.run("run", "--mem", "10G", "--timeout", "%ds" % HANG, "--", "true", env=env)
     assert result.returncode == 0, result.stderr
     assert holder.alive()
+
+
+def test_a_whole_gpu_waiter_does_not_stop_shared_leases_on_other_gpus(gl):
+    """Backfill: a request waiting for GPU 0 holds only GPU 0 back; shared leases start on the
+    other GPUs, also partly used ones."""
+    env = gl.env(fake="3")
+    holder, _ = gl.hold("--gpus", "0", env=env)
+    waiter = gl.spawn("run", "--gpus", "0", "--", "true", env=env)
+    waiter.wait_for_stderr("waiting", timeout=HANG)
+    first = gl.run("run", "--mem", "10G", "--no-wait", "--", "true", env=env)
+    assert first.returncode == 0, first.stderr
+    kept, index = gpu_of(gl, env, "--mem", "30G", "--no-wait")
+    assert index in (1, 2)
+    packed, same = gpu_of(gl, env, "--mem", "30G", "--no-wait")
+    assert same == index  # packed beside it, not on the GPU the waiter wants
+    assert waiter.alive()
+    holder.kill_group()
+    assert waiter.wait(timeout=HANG) == 0, waiter.describe()
+
+
+def test_an_exclusive_waiter_holds_a_gpu_in_shared_use_back_and_gets_it(gl):
+    """A whole-GPU request waiting while every GPU is in shared use: one GPU stops taking new
+    shared leases (it drains), the others still take them, and the request gets the drained
+    GPU when its leases end."""
+    env = gl.env(fake="2")
+    a, _ = gl.hold("--mem", "10G", env=env)
+    b, _ = gl.hold("--mem", "10G", "--spread", env=env)
+    assert {sim_index(a.gpus[0]), sim_index(b.gpus[0])} == {0, 1}
+    waiter = gl.spawn("run", "--", "true", env=env)
+    waiter.wait_for_stderr("waiting", timeout=HANG)
+    # One GPU is held back for the waiter: exactly one more shared lease fits, on the other.
+    extra, index = gpu_of(gl, env, "--mem", "10G", "--no-wait")
+    held_back = 1 - index
+    refused = gl.run("run", "--gpus", str(held_back), "--mem", "10G", "--no-wait", "--", "true",
+                     env=env)
+    assert refused.returncode == EX_TEMPFAIL, refused.stderr
+    again, same = gpu_of(gl, env, "--mem", "10G", "--no-wait")
+    assert same == index
+    drained = a if sim_index(a.gpus[0]) == held_back else b
+    drained.kill_group()
+    drained.wait()
+    assert waiter.wait(timeout=HANG) == 0, waiter.describe()
+
+
+def test_waiting_shared_requests_are_listed_in_the_queue(gl):
+    env = gl.env(fake="1")
+    holder, _ = gl.hold("-n", "1", env=env)
+    waiters = [gl.spawn("run", "--mem", "10G", "--label", "s%d" % i, "--", "true", env=env)
+               for i in range(3)]
+    for w in waiters:
+        w.wait_for_stderr("waiting", timeout=HANG)
+    doc = json.loads(gl.run("queue", "--json", env=env).stdout)
+    assert sorted(e["label"] for e in doc["waiting"]) == ["s0", "s1", "s2"]
+    holder.kill_group()
+    for w in waiters:
+        assert w.wait(timeout=HANG) == 0, w.describe()
 
 
 def gpu_of(gl, env, *args):
@@ -305,3 +362,45 @@ def test_detached_shared_lease_is_shown_and_released(gl):
     assert gl.run("release", lease, env=env).returncode == 0
     assert gl.gpu_status(0, env=env)["shared"] is None
     assert watched.alive()
+
+
+def test_a_big_shared_request_is_not_overtaken_by_smaller_ones_behind_it(gl):
+    """Queued in order A (50G), B (40G), C (10G) behind a whole-GPU holder: when it ends, A
+    starts; B does not fit beside A and reserves the GPU it waits on, so C, which would fit, waits
+    behind B instead of taking that memory: it starts only once A has ended (then B and C start
+    together)."""
+    env = gl.env(fake="1")
+    log = gl.tmp / "log"
+    log.touch()
+    holder, _ = gl.hold("-n", "1", env=env)
+    jobs = []
+    for name, mem, hold in (("A", "50G", "1.5"), ("B", "40G", "0"), ("C", "10G", "0")):
+        bg = gl.spawn("run", "--mem", mem, "--", "sh", "-c",
+                      'echo "$1" >> "$2"; sleep "$3"; echo "$1-end" >> "$2"', "job", name,
+                      str(log), hold, env=env)
+        bg.wait_for_stderr("waiting", timeout=HANG)
+        jobs.append(bg)
+    holder.kill_group()
+    for bg in jobs:
+        assert bg.wait(timeout=HANG) == 0, bg.describe()
+    events = log.read_text().split()
+    assert events[:2] == ["A", "A-end"], events
+    assert sorted(events[2:]) == ["B", "B-end", "C", "C-end"], events
+
+
+def test_fair_share_between_users_counts_shared_requests_by_memory(mu):
+    """User A holds the only GPU whole and queues ten 40 GiB shared jobs; user B then queues
+    one. B, holding nothing, goes first; when A's lease ends, B's job starts among the first
+    two (two fit at once), and `gpulock queue` shows the shared requests' memory."""
+    a, b = mu.users
+    jobs = Jobs(mu, mu.env(fake="1"))
+    jobs.holder("hold", "-n", "1", user=a)
+    names = ["a%02d" % i for i in range(10)]
+    for name in names:
+        jobs.waiter(name, "--mem", "40G", user=a)
+    jobs.waiter("b", "--mem", "40G", user=b)
+    doc = jobs.queue()
+    assert jobs.order(doc)[0] == "b", jobs.order(doc)
+    assert {e["memory_bytes"] for e in doc["waiting"]} == {40 * GIB}
+    served = jobs.release_and_next("hold", served=2)
+    assert "b" in served, served

@@ -40,6 +40,9 @@ inline void PrintTo(Obstacle::Kind kind, std::ostream* os) {
     case Obstacle::Kind::kMissing:
       *os << "missing";
       return;
+    case Obstacle::Kind::kFull:
+      *os << "full";
+      return;
   }
   *os << "kind " << static_cast<int>(kind);
 }
@@ -1101,6 +1104,9 @@ void CheckScenario(const Scenario& s) {
           EXPECT_EQ(claim->second.kind, o.kind);
           ASSERT_TRUE(o.by.has_value());
           EXPECT_EQ(*o.by, claim->second.by);
+          break;
+        case Kind::kFull:
+          ADD_FAILURE() << "only shared requests meet full GPUs";
           break;
       }
     }

@@ -1,0 +1,201 @@
+"""Shared requests in the machine's queue at scale (issue 15 on the queue of issue 12): a
+thousand waiting shared jobs of one user on one simulated 80 GiB GPU.
+
+Shared requests wait in the same queue as whole-GPU ones, woken by the dispatchers and their
+wake FIFOs, with no inotify instance of their own. These tests hold them to that:
+
+  - every queued job is served exactly once, and never more than fit at once (an independent
+    audit: each 10 GiB job takes one of 8 `mkdir` slots for as long as it runs, so a ninth job
+    running beside eight others finds no slot and records an error);
+  - waiting shared jobs use (next to) no CPU;
+  - SIGKILL of random waiters and of the dispatchers during a drain: the queue heals.
+
+Every timeout is only a hang guard; nothing asserts speed except the CPU bound, which is set to
+catch polling, not to measure. GPULOCK_SCALE_N and GPULOCK_SCALE_BATCH as in
+test_queue_scale.py.
+"""
+
+import os
+import random
+import signal
+import time
+
+from conftest import HANG, wait_until
+from test_queue_scale import (BATCH, DRAIN_HANG, IDLE_CPU_BOUND, IDLE_WINDOW, N, REGISTER_HANG,
+                              Audit, assert_all_served, cpu_seconds, ensure_memory_for,
+                              ensure_room_for, live_tickets, names_for, queue_doc, summary,
+                              wait_drained, wait_queue_length)
+
+# 10 GiB jobs on an 80 GiB GPU: at most 8 at once.
+AT_ONCE = 8
+
+# The audited job: argv[1] the audit directory, argv[2] the job's number. It takes the first
+# free slot directory of AT_ONCE (`mkdir` is atomic) while it runs; none free means more jobs
+# run at once than their reservations allow (an error file). The log gets one line per job.
+SLOT_JOB = ('d=$1; n=$2; k=0; got=; '
+            'while [ $k -lt %d ]; do '
+            'if mkdir "$d/slot-$k" 2>/dev/null; then got=$k; break; fi; k=$((k+1)); done; '
+            'echo "$n" >> "$d/log"; '
+            'if [ -z "$got" ]; then : > "$d/error-$n"; exit 3; fi; '
+            'rmdir "$d/slot-$got"' % AT_ONCE)
+
+
+class SlotAudit(Audit):
+    def job(self, name):
+        return ["--", "/bin/sh", "-c", SLOT_JOB, "job", str(self.root), name]
+
+
+def queue_shared_jobs(harness, audit, names, env):
+    """Starts `gpulock run --mem 10G -- JOB` for each name, BATCH at a time, each batch waiting
+    in the queue before the next is started. Returns {name: bg}."""
+    procs = {}
+    deadline = time.monotonic() + REGISTER_HANG
+    for first in range(0, len(names), BATCH):
+        batch = names[first:first + BATCH]
+        for name in batch:
+            procs[name] = harness.spawn("run", "--mem", "10G", *audit.job(name), env=env)
+        pending = set(batch)
+        while pending:
+            for name in list(pending):
+                bg = procs[name]
+                if "waiting for" in bg.stderr():
+                    pending.discard(name)
+                elif not bg.alive():
+                    raise AssertionError("job %s did not wait in the queue: %s"
+                                         % (name, bg.describe()))
+            if pending and time.monotonic() > deadline:
+                raise AssertionError("hang guard (%ss): %d of the last batch not yet waiting"
+                                     % (REGISTER_HANG, len(pending)))
+            if pending:
+                time.sleep(0.05)
+        if first == 0:
+            ensure_memory_for(len(names), [procs[n].pid for n in batch])
+    return procs
+
+
+def test_drain_1000_shared(gl):
+    """One GPU held whole; N shared jobs of 10 GiB queue behind it; the holder ends. Every job
+    runs exactly once, never more than 8 at once, and nothing is left in the queue."""
+    ensure_room_for(N)
+    env = gl.env(fake="1")
+    audit = SlotAudit(gl.tmp / "audit")
+    holder, _ = gl.hold("-n", "1", env=env)
+    procs = queue_shared_jobs(gl, audit, names_for(N), env)
+    wait_queue_length(gl, N, env)
+    holder.kill_group()
+    released = time.monotonic()
+    assert_all_served(gl, env, audit, procs)
+    print("%d shared jobs drained in %.1f s after the release" % (N, time.monotonic() - released))
+
+
+def test_idle_shared_waiters_use_no_cpu(gl):
+    """N shared waiters queued on the only GPU, which stays held: over 10 s in which nothing
+    happens, all of them together use (next to) no CPU. Then they drain."""
+    ensure_room_for(N)
+    env = gl.env(fake="1")
+    audit = SlotAudit(gl.tmp / "audit")
+    holder, _ = gl.hold("-n", "1", env=env)
+    procs = queue_shared_jobs(gl, audit, names_for(N), env)
+    wait_queue_length(gl, N, env)
+    time.sleep(1.0)  # the last arrivals' wake-ups settle
+    pids = [bg.pid for bg in procs.values()]
+    before = {pid: cpu_seconds(pid) for pid in pids}
+    time.sleep(IDLE_WINDOW)
+    used = {}
+    for pid in pids:
+        try:
+            used[pid] = cpu_seconds(pid) - before[pid]
+        except FileNotFoundError:
+            raise AssertionError("waiter %d ended while the GPU stayed held" % pid) from None
+    total = sum(used.values())
+    busiest = sorted(used.items(), key=lambda item: -item[1])[:5]
+    print("%d idle shared waiters used %.2f CPU-s in %.0f s" % (N, total, IDLE_WINDOW))
+    assert total < IDLE_CPU_BOUND, (
+        "%d idle shared waiters used %.2f CPU-s in %.0f s (bound %.1f): polling? busiest %s"
+        % (N, total, IDLE_WINDOW, IDLE_CPU_BOUND, busiest))
+    assert len(queue_doc(gl, env)["waiting"]) == N
+    holder.kill_group()
+    assert_all_served(gl, env, audit, procs)
+
+
+def test_whole_gpu_request_behind_1000_shared_jobs_is_served(gl):
+    """A whole-GPU request queued behind hundreds of shared jobs is served, and every shared
+    job once, never more at once than fit and never beside the whole-GPU job (it takes no
+    slot: any slot present while it runs is an overlap)."""
+    count = min(N, 300)
+    ensure_room_for(count)
+    env = gl.env(fake="1")
+    audit = SlotAudit(gl.tmp / "audit")
+    holder, _ = gl.hold("-n", "1", env=env)
+    procs = queue_shared_jobs(gl, audit, names_for(count), env)
+    whole = gl.spawn("run", "--", "/bin/sh", "-c",
+                     'ls -d "$1"/slot-* > "$1/beside-whole" 2>/dev/null; echo done > "$1/whole"',
+                     "job", str(audit.root), env=env)
+    whole.wait_for_stderr("waiting", timeout=HANG)
+    holder.kill_group()
+    assert whole.wait(timeout=REGISTER_HANG) == 0, whole.describe()
+    assert_all_served(gl, env, audit, procs)
+    assert (audit.root / "whole").exists()
+    beside = (audit.root / "beside-whole").read_text().split()
+    assert beside == [], "shared jobs ran beside the whole-GPU job: %s" % beside
+
+
+def test_sigkill_of_shared_waiters_during_drain(gl):
+    """As test_drain_1000_shared, but while the queue drains, a tenth of the waiters are
+    SIGKILLed at random, and again and again the oldest still waiting (the dispatchers). Every
+    survivor is served exactly once, never more than fit at once, and no live ticket is left."""
+    ensure_room_for(N)
+    rng = random.Random(15)
+    env = gl.env(fake="1")
+    audit = SlotAudit(gl.tmp / "audit")
+    holder, _ = gl.hold("-n", "1", env=env)
+    names = names_for(N)
+    procs = queue_shared_jobs(gl, audit, names, env)
+    wait_queue_length(gl, N, env)
+    by_pid = {bg.pid: name for name, bg in procs.items()}
+    pending_random = rng.sample(names, max(1, N // 10))
+    victims = set()
+
+    def kill(name):
+        victims.add(name)
+        try:
+            os.kill(procs[name].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    holder.kill_group()
+    released = time.monotonic()
+    dispatchers_killed = 0
+    while pending_random or dispatchers_killed < 30:
+        assert time.monotonic() - released < DRAIN_HANG, summary(gl, env, procs)
+        if dispatchers_killed < 30:
+            waiting = [e["pid"] for e in queue_doc(gl, env)["waiting"]]
+            head = [by_pid[p] for p in waiting[:3] if p in by_pid]
+            if not head:
+                break  # drained already
+            kill(rng.choice(head))
+            dispatchers_killed += 1
+        for _ in range(min(len(pending_random), 5)):
+            kill(pending_random.pop())
+        time.sleep(rng.uniform(0, 0.05))
+
+    survivors = {n: bg for n, bg in procs.items() if n not in victims}
+    statuses = wait_drained(gl, env, survivors)
+    failed = {n: (s, survivors[n].stderr()[-300:]) for n, s in statuses.items() if s != 0}
+    assert failed == {}, "%d survivors failed, e.g. %s" % (len(failed), list(failed.items())[:5])
+    for name in victims:
+        procs[name].popen.wait(timeout=HANG)
+    # A victim served just before its SIGKILL still runs its command: wait for those to end.
+    wait_until(lambda: not any(p.name.startswith("slot-") for p in audit.root.iterdir()), HANG,
+               what="the last victims' commands to end")
+    assert audit.errors() == [], "more jobs at once than fit: %s" % audit.errors()[:20]
+    counts = {}
+    for name in audit.started():
+        counts[name] = counts.get(name, 0) + 1
+    missing = sorted(n for n in survivors if n not in counts)
+    twice = sorted(n for n, c in counts.items() if c > 1)
+    assert (missing, twice) == ([], []), (missing[:10], twice[:10])
+    _, live = live_tickets(gl)
+    assert live == [], "tickets still locked after every waiter ended: %s" % live[:10]
+    print("%d killed (%d dispatchers); %d survivors served in %.1f s"
+          % (len(victims), dispatchers_killed, len(survivors), time.monotonic() - released))
