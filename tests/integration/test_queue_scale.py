@@ -292,15 +292,10 @@ IDLE_WINDOW = 10.0
 IDLE_CPU_BOUND = 2.0
 
 
-def test_idle_waiters_use_no_cpu(gl):
-    """N waiters queued on the only GPU, which stays held: over 10 s in which nothing happens,
-    all of them together use (next to) no CPU. Then they drain as in test_drain_1000."""
-    ensure_room_for(N)
-    env = gl.env(fake="1")
-    audit = Audit(gl.tmp / "audit")
-    holder, _ = gl.hold("-n", "1", env=env)
-    procs = queue_jobs(gl, audit, names_for(N), env)
-    wait_queue_length(gl, N, env)
+def assert_idle(procs, what):
+    """Lets the waiters `procs` ({name: bg}) settle, then asserts that over IDLE_WINDOW seconds
+    (in which nothing happens) all of them together use less than IDLE_CPU_BOUND CPU seconds,
+    and that none ends. `what` names them in messages ("waiters")."""
     time.sleep(1.0)  # the last arrivals' wake-ups settle
     pids = [bg.pid for bg in procs.values()]
     before = {pid: cpu_seconds(pid) for pid in pids}
@@ -313,10 +308,22 @@ def test_idle_waiters_use_no_cpu(gl):
             raise AssertionError("waiter %d ended while the GPU stayed held" % pid) from None
     total = sum(used.values())
     busiest = sorted(used.items(), key=lambda item: -item[1])[:5]
-    print("%d idle waiters used %.2f CPU-s in %.0f s" % (N, total, IDLE_WINDOW))
+    print("%d idle %s used %.2f CPU-s in %.0f s" % (len(pids), what, total, IDLE_WINDOW))
     assert total < IDLE_CPU_BOUND, (
-        "%d idle waiters used %.2f CPU-s in %.0f s (bound %.1f): polling? busiest %s"
-        % (N, total, IDLE_WINDOW, IDLE_CPU_BOUND, busiest))
+        "%d idle %s used %.2f CPU-s in %.0f s (bound %.1f): polling? busiest %s"
+        % (len(pids), what, total, IDLE_WINDOW, IDLE_CPU_BOUND, busiest))
+
+
+def test_idle_waiters_use_no_cpu(gl):
+    """N waiters queued on the only GPU, which stays held: over 10 s in which nothing happens,
+    all of them together use (next to) no CPU. Then they drain as in test_drain_1000."""
+    ensure_room_for(N)
+    env = gl.env(fake="1")
+    audit = Audit(gl.tmp / "audit")
+    holder, _ = gl.hold("-n", "1", env=env)
+    procs = queue_jobs(gl, audit, names_for(N), env)
+    wait_queue_length(gl, N, env)
+    assert_idle(procs, "waiters")
     assert len(queue_doc(gl, env)["waiting"]) == N
     holder.kill_group()
     assert_all_served(gl, env, audit, procs)

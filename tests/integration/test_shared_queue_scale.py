@@ -21,10 +21,9 @@ import signal
 import time
 
 from conftest import HANG, wait_until
-from test_queue_scale import (BATCH, DRAIN_HANG, IDLE_CPU_BOUND, IDLE_WINDOW, N, REGISTER_HANG,
-                              Audit, assert_all_served, cpu_seconds, ensure_memory_for,
-                              ensure_room_for, live_tickets, names_for, queue_doc, summary,
-                              wait_drained, wait_queue_length)
+from test_queue_scale import (BATCH, DRAIN_HANG, N, REGISTER_HANG, Audit, assert_all_served,
+                              assert_idle, ensure_memory_for, ensure_room_for, live_tickets,
+                              names_for, queue_doc, summary, wait_drained, wait_queue_length)
 
 # 10 GiB jobs on an 80 GiB GPU: at most 8 at once.
 AT_ONCE = 8
@@ -73,15 +72,22 @@ def queue_shared_jobs(harness, audit, names, env):
     return procs
 
 
-def test_drain_1000_shared(gl):
-    """One GPU held whole; N shared jobs of 10 GiB queue behind it; the holder ends. Every job
-    runs exactly once, never more than 8 at once, and nothing is left in the queue."""
-    ensure_room_for(N)
+def shared_jobs_behind_held_gpu(gl, count):
+    """The machine's one GPU held whole, and `count` shared jobs of 10 GiB waiting in the queue
+    behind it. Returns (env, audit, holder, {name: bg})."""
+    ensure_room_for(count)
     env = gl.env(fake="1")
     audit = SlotAudit(gl.tmp / "audit")
     holder, _ = gl.hold("-n", "1", env=env)
-    procs = queue_shared_jobs(gl, audit, names_for(N), env)
-    wait_queue_length(gl, N, env)
+    procs = queue_shared_jobs(gl, audit, names_for(count), env)
+    wait_queue_length(gl, count, env)
+    return env, audit, holder, procs
+
+
+def test_drain_1000_shared(gl):
+    """One GPU held whole; N shared jobs of 10 GiB queue behind it; the holder ends. Every job
+    runs exactly once, never more than 8 at once, and nothing is left in the queue."""
+    env, audit, holder, procs = shared_jobs_behind_held_gpu(gl, N)
     holder.kill_group()
     released = time.monotonic()
     assert_all_served(gl, env, audit, procs)
@@ -91,28 +97,8 @@ def test_drain_1000_shared(gl):
 def test_idle_shared_waiters_use_no_cpu(gl):
     """N shared waiters queued on the only GPU, which stays held: over 10 s in which nothing
     happens, all of them together use (next to) no CPU. Then they drain."""
-    ensure_room_for(N)
-    env = gl.env(fake="1")
-    audit = SlotAudit(gl.tmp / "audit")
-    holder, _ = gl.hold("-n", "1", env=env)
-    procs = queue_shared_jobs(gl, audit, names_for(N), env)
-    wait_queue_length(gl, N, env)
-    time.sleep(1.0)  # the last arrivals' wake-ups settle
-    pids = [bg.pid for bg in procs.values()]
-    before = {pid: cpu_seconds(pid) for pid in pids}
-    time.sleep(IDLE_WINDOW)
-    used = {}
-    for pid in pids:
-        try:
-            used[pid] = cpu_seconds(pid) - before[pid]
-        except FileNotFoundError:
-            raise AssertionError("waiter %d ended while the GPU stayed held" % pid) from None
-    total = sum(used.values())
-    busiest = sorted(used.items(), key=lambda item: -item[1])[:5]
-    print("%d idle shared waiters used %.2f CPU-s in %.0f s" % (N, total, IDLE_WINDOW))
-    assert total < IDLE_CPU_BOUND, (
-        "%d idle shared waiters used %.2f CPU-s in %.0f s (bound %.1f): polling? busiest %s"
-        % (N, total, IDLE_WINDOW, IDLE_CPU_BOUND, busiest))
+    env, audit, holder, procs = shared_jobs_behind_held_gpu(gl, N)
+    assert_idle(procs, "shared waiters")
     assert len(queue_doc(gl, env)["waiting"]) == N
     holder.kill_group()
     assert_all_served(gl, env, audit, procs)
@@ -144,14 +130,9 @@ def test_sigkill_of_shared_waiters_during_drain(gl):
     """As test_drain_1000_shared, but while the queue drains, a tenth of the waiters are
     SIGKILLed at random, and again and again the oldest still waiting (the dispatchers). Every
     survivor is served exactly once, never more than fit at once, and no live ticket is left."""
-    ensure_room_for(N)
     rng = random.Random(15)
-    env = gl.env(fake="1")
-    audit = SlotAudit(gl.tmp / "audit")
-    holder, _ = gl.hold("-n", "1", env=env)
-    names = names_for(N)
-    procs = queue_shared_jobs(gl, audit, names, env)
-    wait_queue_length(gl, N, env)
+    env, audit, holder, procs = shared_jobs_behind_held_gpu(gl, N)
+    names = list(procs)
     by_pid = {bg.pid: name for name, bg in procs.items()}
     pending_random = rng.sample(names, max(1, N // 10))
     victims = set()
