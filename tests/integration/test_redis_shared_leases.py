@@ -10,7 +10,6 @@ Nothing depends on wall-clock speed: every timeout is only a hang guard.
 """
 
 import json
-import os
 import random
 import re
 import signal
@@ -21,7 +20,8 @@ import pytest
 from conftest import EX_TEMPFAIL, HANG, PYTHON, wait_until
 pytest.register_assert_rewrite("conftest_redis")  # before its first import
 from conftest_redis import assert_no_crash  # noqa: E402
-from test_shared_leases import AUDIT_JOB, GIB, GPU_MEMORY  # noqa: E402
+from test_shared_leases import (AUDIT_JOB, GIB, GPU_MEMORY, audit_dir, mixed_jobs,  # noqa: E402
+                                violations)
 
 # The fixtures redis_server, redis_servers and rw.
 pytest_plugins = ["conftest_redis"]
@@ -37,29 +37,13 @@ COUNTING_JOB = AUDIT_JOB.replace(
 assert COUNTING_JOB != AUDIT_JOB
 
 
-def audit_dir(rw):
-    audit = rw.tmp / "audit"
-    (audit / "violations").mkdir(parents=True)
-    return audit
-
-
-def violations(audit):
-    return {v: (audit / "violations" / v).read_text() for v in os.listdir(audit / "violations")}
-
-
 def test_mixed_exclusive_and_shared_never_overcommit(rw):
     """64 processes, exclusive and shared of random sizes, on 4 simulated 80 GiB GPUs."""
     audit = audit_dir(rw)
     holder = rw.hold("-n", "4")  # so that all of them really contend
     rng = random.Random(15)
     procs = {}
-    for i in range(64):
-        name = "job-%02d" % i
-        if rng.random() < 0.25:
-            args, size = ["-n", str(rng.choice([1, 1, 2]))], 0
-        else:
-            gib = rng.choice([5, 10, 10, 20, 30, 40])
-            args, size = ["--mem", "%dG" % gib], gib * GIB
+    for name, args, size in mixed_jobs(rng, 64):
         procs[name] = rw.spawn("run", *args, "--", PYTHON, "-S", "-c", COUNTING_JOB, audit,
                                name, size, GPU_MEMORY)
     for bg in procs.values():

@@ -60,10 +60,30 @@ if problems:
 """
 
 
-def audit_dir(gl):
-    audit = gl.tmp / "audit"
+def audit_dir(harness):
+    """A fresh audit directory for AUDIT_JOB under the harness's tmp."""
+    audit = harness.tmp / "audit"
     (audit / "violations").mkdir(parents=True)
     return audit
+
+
+def violations(audit):
+    """What AUDIT_JOB found wrong: {job name: problems}."""
+    return {v: (audit / "violations" / v).read_text() for v in os.listdir(audit / "violations")}
+
+
+def mixed_jobs(rng, count):
+    """`count` jobs drawn from `rng`, a quarter exclusive (1 or 2 GPUs), the others shared of
+    5 to 40 GiB: [(name, gpulock run arguments, AUDIT_JOB size)]."""
+    jobs = []
+    for i in range(count):
+        if rng.random() < 0.25:
+            args, size = ["-n", str(rng.choice([1, 1, 2]))], 0
+        else:
+            gib = rng.choice([5, 10, 10, 20, 30, 40])
+            args, size = ["--mem", "%dG" % gib], gib * GIB
+        jobs.append(("job-%02d" % i, args, size))
+    return jobs
 
 
 def test_mixed_exclusive_and_shared_never_overcommit(gl):
@@ -72,13 +92,7 @@ def test_mixed_exclusive_and_shared_never_overcommit(gl):
     holder, _ = gl.hold("-n", "4")  # so that all of them really contend
     rng = random.Random(15)
     procs = {}
-    for i in range(64):
-        name = "job-%02d" % i
-        if rng.random() < 0.25:
-            args, size = ["-n", str(rng.choice([1, 1, 2]))], 0
-        else:
-            gib = rng.choice([5, 10, 10, 20, 30, 40])
-            args, size = ["--mem", "%dG" % gib], gib * GIB
+    for name, args, size in mixed_jobs(rng, 64):
         procs[name] = gl.spawn("run", *args, "--", PYTHON, "-S", "-c", AUDIT_JOB, audit, name,
                                size, GPU_MEMORY)
     for bg in procs.values():
@@ -90,9 +104,7 @@ def test_mixed_exclusive_and_shared_never_overcommit(gl):
         status = bg.wait(timeout=240)
         if status != 0:
             failures.append("%s exited %s: %s" % (name, status, bg.stderr()))
-    violations = {v: (audit / "violations" / v).read_text()
-                  for v in os.listdir(audit / "violations")}
-    assert violations == {}
+    assert violations(audit) == {}
     assert failures == []
 
 
