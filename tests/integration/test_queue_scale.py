@@ -268,17 +268,84 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def jobs_behind_held_gpu(gl, count, audit_class=Audit, queue=queue_jobs):
+    """The machine's one GPU held whole, and `count` jobs (started by `queue`, audited by an
+    `audit_class`) waiting in the queue behind it. Returns (env, audit, holder, {name: bg})."""
+    ensure_room_for(count)
+    env = gl.env(fake="1")
+    audit = audit_class(gl.tmp / "audit")
+    holder, _ = gl.hold("-n", "1", env=env)
+    procs = queue(gl, audit, names_for(count), env)
+    wait_queue_length(gl, count, env)
+    return env, audit, holder, procs
+
+
+def kill_while_draining(harness, env, holder, procs, rng, pending_random, per_round):
+    """Ends `holder` and, while the queue drains, SIGKILLs the gpulock processes of waiters:
+    `per_round` a round from the end of `pending_random` (names), and in each of
+    DISPATCHER_VICTIMS rounds one of the three oldest still waiting (the dispatchers, which
+    follow releases and plan for everyone), drawn from `rng`, as are the pauses between rounds.
+    Returns (the victims' names, how many dispatchers were killed, when the holder ended)."""
+    by_pid = {bg.pid: name for name, bg in procs.items()}
+    victims = set()
+
+    def kill(name):
+        victims.add(name)
+        try:
+            os.kill(procs[name].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    holder.kill_group()
+    released = time.monotonic()
+    dispatchers_killed = 0
+    while pending_random or dispatchers_killed < DISPATCHER_VICTIMS:
+        assert time.monotonic() - released < DRAIN_HANG, summary(harness, env, procs)
+        if dispatchers_killed < DISPATCHER_VICTIMS:
+            waiting = [e["pid"] for e in queue_doc(harness, env)["waiting"]]
+            head = [by_pid[p] for p in waiting[:3] if p in by_pid]
+            if not head:
+                break  # drained already: nothing left to kill
+            kill(rng.choice(head))
+            dispatchers_killed += 1
+        for _ in range(min(len(pending_random), per_round)):
+            kill(pending_random.pop())
+        time.sleep(rng.uniform(0, 0.05))
+    return victims, dispatchers_killed, released
+
+
+def wait_survivors(harness, env, procs, victims):
+    """Waits for the waiters not in `victims` to be served and end, each with status 0, and for
+    the victims' gpulock processes to be reaped. Returns the survivors {name: bg}."""
+    survivors = {n: bg for n, bg in procs.items() if n not in victims}
+    statuses = wait_drained(harness, env, survivors)
+    failed = {n: (s, survivors[n].stderr()[-300:]) for n, s in statuses.items() if s != 0}
+    assert failed == {}, "%d survivors failed, e.g. %s" % (len(failed), list(failed.items())[:5])
+    for name in victims:
+        procs[name].popen.wait(timeout=HANG)
+    return survivors
+
+
+def assert_served_once(audit, survivors):
+    """Every survivor's job ran, and no job ran twice, as the audit's log says. Returns
+    {name: times run} of the jobs that ran."""
+    counts = {}
+    for name in audit.started():
+        counts[name] = counts.get(name, 0) + 1
+    missing = sorted(n for n in survivors if n not in counts)
+    twice = sorted(n for n, c in counts.items() if c > 1)
+    assert (missing, twice) == ([], []), (
+        "%d survivors never ran (e.g. %s); %d jobs ran twice (e.g. %s)"
+        % (len(missing), missing[:10], len(twice), twice[:10]))
+    return counts
+
+
 # -- the tests ------------------------------------------------------------------------------------
 
 def test_drain_1000(gl):
     """One GPU, held; N jobs of one user queue behind it; the holder ends. Every job runs
     exactly once, never two at a time, and nothing is left in the queue."""
-    ensure_room_for(N)
-    env = gl.env(fake="1")
-    audit = Audit(gl.tmp / "audit")
-    holder, _ = gl.hold("-n", "1", env=env)
-    procs = queue_jobs(gl, audit, names_for(N), env)
-    wait_queue_length(gl, N, env)
+    env, audit, holder, procs = jobs_behind_held_gpu(gl, N)
     holder.kill_group()
     released = time.monotonic()
     assert_all_served(gl, env, audit, procs)
@@ -317,12 +384,7 @@ def assert_idle(procs, what):
 def test_idle_waiters_use_no_cpu(gl):
     """N waiters queued on the only GPU, which stays held: over 10 s in which nothing happens,
     all of them together use (next to) no CPU. Then they drain as in test_drain_1000."""
-    ensure_room_for(N)
-    env = gl.env(fake="1")
-    audit = Audit(gl.tmp / "audit")
-    holder, _ = gl.hold("-n", "1", env=env)
-    procs = queue_jobs(gl, audit, names_for(N), env)
-    wait_queue_length(gl, N, env)
+    env, audit, holder, procs = jobs_behind_held_gpu(gl, N)
     assert_idle(procs, "waiters")
     assert len(queue_doc(gl, env)["waiting"]) == N
     holder.kill_group()
@@ -341,64 +403,20 @@ def test_sigkill_during_drain_1000(gl):
     gpulock process is killed: a victim that was served in that instant keeps its lease through
     its command, which inherited it, so the audit still sees one job at a time. Every survivor
     is served exactly once, no victim runs twice, and nothing is left in the queue."""
-    ensure_room_for(N)
     rng = random.Random(12)
-    env = gl.env(fake="1")
-    audit = Audit(gl.tmp / "audit")
-    holder, _ = gl.hold("-n", "1", env=env)
-    names = names_for(N)
-    procs = queue_jobs(gl, audit, names, env)
-    wait_queue_length(gl, N, env)
-    by_pid = {bg.pid: name for name, bg in procs.items()}
-
-    random_victims = set(rng.sample(names, RANDOM_VICTIMS))
-    victims = set()
-
-    def kill(name):
-        victims.add(name)
-        try:
-            os.kill(procs[name].pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    holder.kill_group()
-    released = time.monotonic()
-    pending_random = sorted(random_victims)
+    env, audit, holder, procs = jobs_behind_held_gpu(gl, N)
+    pending_random = sorted(rng.sample(list(procs), RANDOM_VICTIMS))
     rng.shuffle(pending_random)
-    dispatchers_killed = 0
-    while pending_random or dispatchers_killed < DISPATCHER_VICTIMS:
-        assert time.monotonic() - released < DRAIN_HANG, summary(gl, env, procs)
-        if dispatchers_killed < DISPATCHER_VICTIMS:
-            waiting = [e["pid"] for e in queue_doc(gl, env)["waiting"]]
-            head = [by_pid[p] for p in waiting[:3] if p in by_pid]
-            if not head:
-                break  # drained already: nothing left to kill
-            kill(rng.choice(head))
-            dispatchers_killed += 1
-        for _ in range(min(len(pending_random), RANDOM_VICTIMS // DISPATCHER_VICTIMS + 1)):
-            kill(pending_random.pop())
-        time.sleep(rng.uniform(0, 0.05))
-
-    survivors = {n: bg for n, bg in procs.items() if n not in victims}
-    statuses = wait_drained(gl, env, survivors)
-    failed = {n: (s, survivors[n].stderr()[-300:]) for n, s in statuses.items() if s != 0}
-    assert failed == {}, "%d survivors failed, e.g. %s" % (len(failed), list(failed.items())[:5])
-    for name in victims:
-        procs[name].popen.wait(timeout=HANG)
+    victims, dispatchers_killed, released = kill_while_draining(
+        gl, env, holder, procs, rng, pending_random, RANDOM_VICTIMS // DISPATCHER_VICTIMS + 1)
+    survivors = wait_survivors(gl, env, procs, victims)
     # A victim served just before its SIGKILL still runs its command: wait for those to end.
     wait_until(lambda: not (audit.root / "running").exists(), HANG,
                what="the last victim's command to end")
 
     errors = audit.errors()
     assert errors == [], "jobs ran at the same time on the only GPU: %s" % errors[:20]
-    counts = {}
-    for name in audit.started():
-        counts[name] = counts.get(name, 0) + 1
-    missing = sorted(n for n in survivors if n not in counts)
-    twice = sorted(n for n, c in counts.items() if c > 1)
-    assert (missing, twice) == ([], []), (
-        "%d survivors never ran (e.g. %s); %d jobs ran twice (e.g. %s)"
-        % (len(missing), missing[:10], len(twice), twice[:10]))
+    counts = assert_served_once(audit, survivors)
     print("%d killed (%d of them dispatchers), %d of them served first; %d survivors served "
           "in %.1f s" % (len(victims), dispatchers_killed, sum(1 for v in victims if v in counts),
                          len(survivors), time.monotonic() - released))

@@ -15,15 +15,14 @@ catch polling, not to measure. GPULOCK_SCALE_N and GPULOCK_SCALE_BATCH as in
 test_queue_scale.py.
 """
 
-import os
 import random
-import signal
 import time
 
 from conftest import HANG, wait_until
-from test_queue_scale import (BATCH, DRAIN_HANG, N, REGISTER_HANG, Audit, assert_all_served,
-                              assert_idle, ensure_memory_for, ensure_room_for, live_tickets,
-                              names_for, queue_doc, summary, wait_drained, wait_queue_length)
+from test_queue_scale import (BATCH, N, RANDOM_VICTIMS, REGISTER_HANG, Audit, assert_all_served,
+                              assert_idle, assert_served_once, ensure_memory_for,
+                              ensure_room_for, jobs_behind_held_gpu, kill_while_draining,
+                              live_tickets, names_for, queue_doc, wait_survivors)
 
 # 10 GiB jobs on an 80 GiB GPU: at most 8 at once.
 AT_ONCE = 8
@@ -72,22 +71,10 @@ def queue_shared_jobs(harness, audit, names, env):
     return procs
 
 
-def shared_jobs_behind_held_gpu(gl, count):
-    """The machine's one GPU held whole, and `count` shared jobs of 10 GiB waiting in the queue
-    behind it. Returns (env, audit, holder, {name: bg})."""
-    ensure_room_for(count)
-    env = gl.env(fake="1")
-    audit = SlotAudit(gl.tmp / "audit")
-    holder, _ = gl.hold("-n", "1", env=env)
-    procs = queue_shared_jobs(gl, audit, names_for(count), env)
-    wait_queue_length(gl, count, env)
-    return env, audit, holder, procs
-
-
 def test_drain_1000_shared(gl):
     """One GPU held whole; N shared jobs of 10 GiB queue behind it; the holder ends. Every job
     runs exactly once, never more than 8 at once, and nothing is left in the queue."""
-    env, audit, holder, procs = shared_jobs_behind_held_gpu(gl, N)
+    env, audit, holder, procs = jobs_behind_held_gpu(gl, N, SlotAudit, queue_shared_jobs)
     holder.kill_group()
     released = time.monotonic()
     assert_all_served(gl, env, audit, procs)
@@ -97,7 +84,7 @@ def test_drain_1000_shared(gl):
 def test_idle_shared_waiters_use_no_cpu(gl):
     """N shared waiters queued on the only GPU, which stays held: over 10 s in which nothing
     happens, all of them together use (next to) no CPU. Then they drain."""
-    env, audit, holder, procs = shared_jobs_behind_held_gpu(gl, N)
+    env, audit, holder, procs = jobs_behind_held_gpu(gl, N, SlotAudit, queue_shared_jobs)
     assert_idle(procs, "shared waiters")
     assert len(queue_doc(gl, env)["waiting"]) == N
     holder.kill_group()
@@ -131,51 +118,16 @@ def test_sigkill_of_shared_waiters_during_drain(gl):
     SIGKILLed at random, and again and again the oldest still waiting (the dispatchers). Every
     survivor is served exactly once, never more than fit at once, and no live ticket is left."""
     rng = random.Random(15)
-    env, audit, holder, procs = shared_jobs_behind_held_gpu(gl, N)
-    names = list(procs)
-    by_pid = {bg.pid: name for name, bg in procs.items()}
-    pending_random = rng.sample(names, max(1, N // 10))
-    victims = set()
-
-    def kill(name):
-        victims.add(name)
-        try:
-            os.kill(procs[name].pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    holder.kill_group()
-    released = time.monotonic()
-    dispatchers_killed = 0
-    while pending_random or dispatchers_killed < 30:
-        assert time.monotonic() - released < DRAIN_HANG, summary(gl, env, procs)
-        if dispatchers_killed < 30:
-            waiting = [e["pid"] for e in queue_doc(gl, env)["waiting"]]
-            head = [by_pid[p] for p in waiting[:3] if p in by_pid]
-            if not head:
-                break  # drained already
-            kill(rng.choice(head))
-            dispatchers_killed += 1
-        for _ in range(min(len(pending_random), 5)):
-            kill(pending_random.pop())
-        time.sleep(rng.uniform(0, 0.05))
-
-    survivors = {n: bg for n, bg in procs.items() if n not in victims}
-    statuses = wait_drained(gl, env, survivors)
-    failed = {n: (s, survivors[n].stderr()[-300:]) for n, s in statuses.items() if s != 0}
-    assert failed == {}, "%d survivors failed, e.g. %s" % (len(failed), list(failed.items())[:5])
-    for name in victims:
-        procs[name].popen.wait(timeout=HANG)
+    env, audit, holder, procs = jobs_behind_held_gpu(gl, N, SlotAudit, queue_shared_jobs)
+    pending_random = rng.sample(list(procs), RANDOM_VICTIMS)
+    victims, dispatchers_killed, released = kill_while_draining(gl, env, holder, procs, rng,
+                                                                pending_random, 5)
+    survivors = wait_survivors(gl, env, procs, victims)
     # A victim served just before its SIGKILL still runs its command: wait for those to end.
     wait_until(lambda: not any(p.name.startswith("slot-") for p in audit.root.iterdir()), HANG,
                what="the last victims' commands to end")
     assert audit.errors() == [], "more jobs at once than fit: %s" % audit.errors()[:20]
-    counts = {}
-    for name in audit.started():
-        counts[name] = counts.get(name, 0) + 1
-    missing = sorted(n for n in survivors if n not in counts)
-    twice = sorted(n for n, c in counts.items() if c > 1)
-    assert (missing, twice) == ([], []), (missing[:10], twice[:10])
+    assert_served_once(audit, survivors)
     _, live = live_tickets(gl)
     assert live == [], "tickets still locked after every waiter ended: %s" % live[:10]
     print("%d killed (%d dispatchers); %d survivors served in %.1f s"
