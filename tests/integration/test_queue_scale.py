@@ -127,15 +127,16 @@ class Audit:
 
 # -- queueing and draining ------------------------------------------------------------------------
 
-def queue_jobs(harness, audit, names, env, prefix=()):
-    """Starts `gpulock run -n 1 -- JOB` for each name, BATCH at a time: each batch waits in the
-    queue (its 'waiting for' line on stderr) before the next is started. Returns {name: bg}."""
+def queue_jobs(harness, audit, names, env, prefix=(), request=("-n", "1")):
+    """Starts `gpulock run REQUEST -- JOB` for each name, BATCH at a time: each batch waits in
+    the queue (its 'waiting for' line on stderr) before the next is started. Returns
+    {name: bg}."""
     procs = {}
     deadline = time.monotonic() + REGISTER_HANG
     for first in range(0, len(names), BATCH):
         batch = names[first:first + BATCH]
         for name in batch:
-            procs[name] = harness.spawn("run", "-n", "1", *audit.job(name), env=env,
+            procs[name] = harness.spawn("run", *request, *audit.job(name), env=env,
                                         prefix=prefix)
         pending = set(batch)
         while pending:

@@ -19,10 +19,10 @@ import random
 import time
 
 from conftest import HANG, wait_until
-from test_queue_scale import (BATCH, N, RANDOM_VICTIMS, REGISTER_HANG, Audit, assert_all_served,
-                              assert_idle, assert_served_once, ensure_memory_for,
-                              ensure_room_for, jobs_behind_held_gpu, kill_while_draining,
-                              live_tickets, names_for, queue_doc, wait_survivors)
+from test_queue_scale import (N, RANDOM_VICTIMS, REGISTER_HANG, Audit, assert_all_served,
+                              assert_idle, assert_served_once, ensure_room_for,
+                              jobs_behind_held_gpu, kill_while_draining, live_tickets, names_for,
+                              queue_doc, queue_jobs, wait_survivors)
 
 # 10 GiB jobs on an 80 GiB GPU: at most 8 at once.
 AT_ONCE = 8
@@ -44,31 +44,9 @@ class SlotAudit(Audit):
 
 
 def queue_shared_jobs(harness, audit, names, env):
-    """Starts `gpulock run --mem 10G -- JOB` for each name, BATCH at a time, each batch waiting
-    in the queue before the next is started. Returns {name: bg}."""
-    procs = {}
-    deadline = time.monotonic() + REGISTER_HANG
-    for first in range(0, len(names), BATCH):
-        batch = names[first:first + BATCH]
-        for name in batch:
-            procs[name] = harness.spawn("run", "--mem", "10G", *audit.job(name), env=env)
-        pending = set(batch)
-        while pending:
-            for name in list(pending):
-                bg = procs[name]
-                if "waiting for" in bg.stderr():
-                    pending.discard(name)
-                elif not bg.alive():
-                    raise AssertionError("job %s did not wait in the queue: %s"
-                                         % (name, bg.describe()))
-            if pending and time.monotonic() > deadline:
-                raise AssertionError("hang guard (%ss): %d of the last batch not yet waiting"
-                                     % (REGISTER_HANG, len(pending)))
-            if pending:
-                time.sleep(0.05)
-        if first == 0:
-            ensure_memory_for(len(names), [procs[n].pid for n in batch])
-    return procs
+    """queue_jobs() for `gpulock run --mem 10G -- JOB`: each batch waits in the queue before the
+    next is started. Returns {name: bg}."""
+    return queue_jobs(harness, audit, names, env, request=("--mem", "10G"))
 
 
 def test_drain_1000_shared(gl):
