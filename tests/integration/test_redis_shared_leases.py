@@ -13,15 +13,14 @@ import json
 import random
 import re
 import signal
-import time
 
 import pytest
 
 from conftest import EX_TEMPFAIL, HANG, PYTHON, wait_until
 pytest.register_assert_rewrite("conftest_redis")  # before its first import
 from conftest_redis import assert_no_crash  # noqa: E402
-from test_shared_leases import (AUDIT_JOB, GIB, GPU_MEMORY, audit_dir, mixed_jobs,  # noqa: E402
-                                violations)
+from test_shared_leases import (  # noqa: E402
+    AUDIT_JOB, GIB, GPU_MEMORY, assert_whole_gpu_not_starved, audit_dir, mixed_jobs, violations)
 
 # The fixtures redis_server, redis_servers and rw.
 pytest_plugins = ["conftest_redis"]
@@ -111,23 +110,7 @@ def test_sigkill_of_a_shared_holder_frees_exactly_its_memory_after_its_ttl(rw):
 def test_exclusive_request_is_not_starved_by_a_stream_of_shared_jobs(rw):
     rw.register(gpus=1)
     audit = audit_dir(rw)
-    stream = []
-
-    def top_up():
-        # Keep four small jobs running or waiting at all times.
-        live = [p for p in stream if p.alive()]
-        for _ in range(4 - len(live)):
-            stream.append(rw.spawn("run", "--mem", "10G", "--", "sleep", "0.3"))
-    top_up()
-    wait_until(lambda: any(g["state"] == "leased" for g in rw.status()["gpus"]),
-               what="a shared job to start")
-    whole = rw.spawn("run", "--", PYTHON, "-S", "-c", AUDIT_JOB, audit, "whole", 0, GPU_MEMORY)
-    deadline = time.monotonic() + HANG
-    while whole.alive() and time.monotonic() < deadline:
-        top_up()
-        time.sleep(0.05)
-    assert not whole.alive(), "the exclusive request was starved: " + whole.describe()
-    assert whole.wait() == 0, whole.describe()
+    stream = assert_whole_gpu_not_starved(rw.spawn, rw.status, audit)
     for p in stream:
         p.wait(timeout=HANG)
     assert violations(audit) == {}

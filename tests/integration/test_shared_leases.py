@@ -132,26 +132,34 @@ def test_sigkill_of_a_shared_holder_frees_exactly_its_memory(gl):
                what="the whole GPU to be free")
 
 
-def test_exclusive_request_is_not_starved_by_a_stream_of_shared_jobs(gl):
-    env = gl.env(fake="1")
-    audit = audit_dir(gl)
+def assert_whole_gpu_not_starved(spawn, status, audit):
+    """Keeps four small shared jobs running or waiting on the only GPU, and asks for it whole
+    (an audited job) once one runs: the whole-GPU request is served while the stream goes on.
+    `spawn` and `status` are the harness's, bound to its environment. Returns the stream."""
     stream = []
 
     def top_up():
-        # Keep four small jobs running or waiting at all times.
         live = [p for p in stream if p.alive()]
         for _ in range(4 - len(live)):
-            stream.append(gl.spawn("run", "--mem", "10G", "--", "sleep", "0.3", env=env))
+            stream.append(spawn("run", "--mem", "10G", "--", "sleep", "0.3"))
     top_up()
-    wait_until(lambda: any(s["state"] == "leased" for s in gl.status(env=env)["gpus"]))
-    whole = gl.spawn("run", "--", PYTHON, "-S", "-c", AUDIT_JOB, audit, "whole", 0, GPU_MEMORY,
-                     env=env)
+    wait_until(lambda: any(g["state"] == "leased" for g in status()["gpus"]),
+               what="a shared job to start")
+    whole = spawn("run", "--", PYTHON, "-S", "-c", AUDIT_JOB, audit, "whole", 0, GPU_MEMORY)
     deadline = time.monotonic() + HANG
     while whole.alive() and time.monotonic() < deadline:
         top_up()
         time.sleep(0.05)
     assert not whole.alive(), "the exclusive request was starved: " + whole.describe()
     assert whole.wait() == 0, whole.describe()
+    return stream
+
+
+def test_exclusive_request_is_not_starved_by_a_stream_of_shared_jobs(gl):
+    env = gl.env(fake="1")
+    audit = audit_dir(gl)
+    assert_whole_gpu_not_starved(lambda *args: gl.spawn(*args, env=env),
+                                 lambda: gl.status(env=env), audit)
     assert os.listdir(audit / "violations") == []
 
 
