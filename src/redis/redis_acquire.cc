@@ -251,12 +251,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         if (reply.elements.size() == 2 && reply.elements[0].text == "exhausted") {
           // The script wrote nothing: no lock is left behind, and waiting cannot help.
           token_unusable = true;
-          throw Error(ErrorCode::kEnvironment,
-                      fmt::format("pool '{}': its fencing-token counter ({}token) is at {}, the "
-                                  "largest 64-bit token, so no lease can get a larger one; an "
-                                  "administrator must repair the pool (see `gpulock doctor`)",
-                                  settings_.pool, settings_.prefix(),
-                                  sanitize_for_display(reply.elements[1].text, 40)));
+          throw fencing_tokens_exhausted(settings_, reply.elements[1].text);
         }
         if (!reply.elements.empty() && reply.elements[0].text == "ok" &&
             reply.elements.size() == 2 + chosen.size()) {

@@ -262,12 +262,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
           connection->run(redis_scripts::kAcquireShared, {settings_.version_key()}, args);
       const std::string outcome = reply.elements.empty() ? "" : reply.elements[0].text;
       if (outcome == "exhausted" && reply.elements.size() == 2)
-        throw Error(ErrorCode::kEnvironment,
-                    fmt::format("pool '{}': its fencing-token counter ({}token) is at {}, the "
-                                "largest 64-bit token, so no lease can get a larger one; an "
-                                "administrator must repair the pool (see `gpulock doctor`)",
-                                settings_.pool, settings_.prefix(),
-                                sanitize_for_display(reply.elements[1].text, 40)));
+        throw fencing_tokens_exhausted(settings_, reply.elements[1].text);
       if (outcome == "ok" && reply.elements.size() == 2 + 2 * needed) {
         std::vector<std::string> uuids;
         std::vector<std::uint64_t> units;
