@@ -111,6 +111,19 @@ namespace {
   "  return text\n"                                                                 \
   "end\n"
 
+// Whether a live ticket waits in the pool's queue: queue_has_live_ticket() removes, on the way,
+// the tickets whose key has expired (dead waiters'). Needs GPULOCK_LUA_PRELUDE.
+#define GPULOCK_LUA_QUEUE                                                        \
+  "local function queue_has_live_ticket()\n"                                     \
+  "  local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1)\n"               \
+  "  if members.err then members = {} end\n"                                     \
+  "  for _, m in ipairs(members) do\n"                                           \
+  "    if redis.call('EXISTS', P .. 'ticket:' .. m) == 1 then return true end\n" \
+  "    redis.call('ZREM', P .. 'queue', m)\n"                                    \
+  "  end\n"                                                                      \
+  "  return false\n"                                                             \
+  "end\n"
+
 // What a renew script (exclusive or shared) does once the lease's GPUs are kept: renew_lease()
 // sets the lease hash to `fields` (name, value pairs), renews the user's `held` set, and raises
 // the token keys to the lease's token. It replies 'restored' (bumping the version) when anything
@@ -391,7 +404,8 @@ return {version, now_ms, hosts_out, gpus_out, leases_out, tickets_out, elsewhere
         whole and 1 or 0}
 )lua"};
 
-const RedisScript kAcquire{"acquire", GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS R"lua(
+const RedisScript kAcquire{"acquire",
+                           GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_QUEUE R"lua(
 -- First, before any write (a script error undoes nothing): a user whom the server refuses the
 -- pool's channel fails here, at once, not only once someone waits.
 redis.call('PUBLISH', P .. 'events', 'acquiring')
@@ -401,13 +415,8 @@ if expected ~= '' then
   local version = get(P .. 'version')
   if version == '' then version = '0' end
   if version ~= expected then return {'stale'} end
-else
-  local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1)
-  if members.err then members = {} end
-  for _, m in ipairs(members) do
-    if redis.call('EXISTS', P .. 'ticket:' .. m) == 1 then return {'queue'} end
-    redis.call('ZREM', P .. 'queue', m)
-  end
+elseif queue_has_live_ticket() then
+  return {'queue'}
 end
 local chosen = {}
 for i = 11, #ARGV do
@@ -511,19 +520,15 @@ return renew_lease(id, ttl, ARGV[5], ARGV[3],
                     'user', ARGV[5], 'host', ARGV[6], 'ttl', ARGV[2]}, restored)
 )lua"};
 
-const RedisScript kAcquireShared{"acquire_shared",
-                                 GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_SHARES R"lua(
+const RedisScript kAcquireShared{
+    "acquire_shared",
+    GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_QUEUE GPULOCK_LUA_SHARES R"lua(
 redis.call('PUBLISH', P .. 'events', 'acquiring')
 local id, ttl = ARGV[1], tonumber(ARGV[2])
 local needed, cap, spread = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
 -- No shared lease starts while a request waits in the queue: those are for whole GPUs, and a
 -- stream of small jobs must not starve them.
-local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1)
-if members.err then members = {} end
-for _, m in ipairs(members) do
-  if redis.call('EXISTS', P .. 'ticket:' .. m) == 1 then return {'queue'} end
-  redis.call('ZREM', P .. 'queue', m)
-end
+if queue_has_live_ticket() then return {'queue'} end
 if redis.call('EXISTS', P .. 'lease:' .. id) == 1 then return {'busy'} end
 -- The candidates that fit, by host (in the order given).
 local hosts, fitting = {}, {}
@@ -690,6 +695,7 @@ return woken
 
 #undef GPULOCK_LUA_SHARES
 #undef GPULOCK_LUA_RENEWAL
+#undef GPULOCK_LUA_QUEUE
 #undef GPULOCK_LUA_TOKENS
 #undef GPULOCK_LUA_PRELUDE
 
