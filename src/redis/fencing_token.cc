@@ -3,6 +3,10 @@
 
 #include <charconv>
 
+#include <fmt/format.h>
+
+#include "util/strings.h"
+
 namespace gpulock {
 
 std::optional<std::uint64_t> parse_fencing_token(std::string_view text) {
@@ -13,6 +17,14 @@ std::optional<std::uint64_t> parse_fencing_token(std::string_view text) {
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
+}
+
+Error fencing_tokens_exhausted(const RedisSettings& settings, std::string_view counter) {
+  return Error(ErrorCode::kEnvironment,
+               fmt::format("pool '{}': its fencing-token counter ({}token) is at {}, the largest "
+                           "64-bit token, so no lease can get a larger one; an administrator must "
+                           "repair the pool (see `gpulock doctor`)",
+                           settings.pool, settings.prefix(), sanitize_for_display(counter, 40)));
 }
 
 }  // namespace gpulock

@@ -6,6 +6,9 @@
 #include <optional>
 #include <string_view>
 
+#include "gpulock/error.hpp"
+#include "redis/redis_settings.h"
+
 namespace gpulock {
 
 // The largest token: the acquire script counts in decimal text up to it, and issues none after.
@@ -14,5 +17,9 @@ inline constexpr std::uint64_t kLastFencingToken = ~std::uint64_t{0};
 // The token in `text`: 1 to 20 decimal digits, no sign, no leading zero, at most 2^64 - 1.
 // nullopt for anything else.
 std::optional<std::uint64_t> parse_fencing_token(std::string_view text);
+
+// What an acquire throws when its script finds the pool's token counter at `counter` (as Redis
+// gave it), the largest token: no lease can get a larger one until the pool is repaired.
+Error fencing_tokens_exhausted(const RedisSettings& settings, std::string_view counter);
 
 }  // namespace gpulock

@@ -12,6 +12,7 @@
 
 #include "backend/device_fitness.h"
 #include "backend/lease_state.h"
+#include "backend/process_holder_record.h"
 #include "backend/queue_request.h"
 #include "backend/queue_snapshot.h"
 #include "backend/request_checks.h"
@@ -19,11 +20,12 @@
 #include "process/process_identity.h"
 #include "redis/fencing_token.h"
 #include "redis/redis_backend.h"
+#include "redis/redis_call_budget.h"
 #include "redis/redis_lease_keeper.h"
+#include "redis/redis_request_scope.h"
 #include "redis/redis_scripts.h"
 #include "util/random_id.h"
 #include "util/strings.h"
-#include "util/unix_time.h"
 
 namespace gpulock {
 namespace {
@@ -37,21 +39,11 @@ constexpr milliseconds kHeartbeat{2000};
 constexpr milliseconds kTicketTtl{6000};
 // After a lock's TTL ends, its GPU is free without any message: wake this long after.
 constexpr milliseconds kExpiryMargin{20};
-// Every call to the server is bounded by the request's deadline, so that --timeout and --no-wait
-// end on time against a server that accepts connections but never answers; a request that does
-// not wait still gets this long for its few round trips. Without a deadline, calls get the
-// connection's usual 5 s.
-constexpr milliseconds kLeastCallBudget{1000};
-constexpr milliseconds kLongestCall{5000};
 // What a waiter that is leaving, maybe after a silent server timed out, gives the server to
 // remove its ticket (which otherwise expires by itself within kTicketTtl).
 constexpr milliseconds kLeaveTimeout{250};
 // How much longer than a BLPOP's own timeout its reply may take to arrive.
 constexpr milliseconds kWakeMargin{250};
-
-bool is_uuid_like(const std::string& name) {
-  return starts_with_ignoring_case(name, "GPU-") || starts_with_ignoring_case(name, "MIG-");
-}
 
 // Blocks until the ticket's wake list has an entry (taking it) or `slice` passes; true if woken.
 // The socket may take a little longer than the server's own BLPOP timeout.
@@ -80,45 +72,19 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   check_gpu_limit(needed, user, config_);
 
   // Which hosts may serve it.
-  bool any_host = false;
-  std::vector<std::string> hosts;
-  for (const auto& host : request.hosts) {
-    if (host == "any") {
-      any_host = true;
-    } else if (std::find(hosts.begin(), hosts.end(), host) == hosts.end()) {
-      hosts.push_back(host);
-    }
-  }
-  if (!any_host && hosts.empty()) hosts.push_back(settings_.host);
-  const bool one_host = !any_host && hosts.size() == 1;
-  if (!one_host)
-    for (const auto& name : request.gpus)
-      if (!is_uuid_like(name))
-        throw Error(ErrorCode::kInvalidArgument,
-                    fmt::format("GPU '{}': name GPUs by UUID when several hosts may serve the "
-                                "request (an index means a different GPU on each host)",
-                                sanitize_for_display(name, 64)));
-  const std::string where = !one_host                    ? "the pool's hosts"
-                            : hosts[0] == settings_.host ? "this machine"
-                                                         : "host " + hosts[0];
+  const RequestHosts scope = request_hosts(request, settings_.host);
+  const bool any_host = scope.any_host, one_host = scope.one_host;
+  const std::vector<std::string>& hosts = scope.hosts;
+  const std::string& where = scope.where;
 
   Ticket wanted = ticket_for_request(request, needed, user);
   // Whether plans count the user's GPUs against a limit: then they need the GPUs the user holds
   // on every host, and any acquire makes concurrent plans stale, not only those of a queue.
   const bool limited = config_.limits_for(user).max_gpus.has_value();
 
-  const Clock::time_point calls_end = deadline == Clock::time_point::max()
-                                          ? Clock::time_point::max()
-                                          : std::max(deadline, start + kLeastCallBudget);
-  const std::optional<Clock::time_point> calls_deadline =
-      calls_end == Clock::time_point::max() ? std::nullopt : std::optional(calls_end);
-  // The time a new connection may take to connect (each command then keeps calls_deadline).
-  const auto call_budget = [&] {
-    if (!calls_deadline) return kLongestCall;
-    const auto left = std::chrono::ceil<milliseconds>(*calls_deadline - Clock::now());
-    return std::clamp(left, milliseconds(1), kLongestCall);
-  };
-  RedisConnectionLoan connection(*connections_, call_budget());
+  const RedisCallBudget calls(deadline, start);
+  const std::optional<Clock::time_point>& calls_deadline = calls.deadline();
+  RedisConnectionLoan connection(*connections_, calls.connect_budget());
   connection->set_deadline(calls_deadline);
   std::vector<Device> local_devices = register_devices(*connection);
   // A second connection, on which a waiter blocks (BLPOP) on its ticket's wake list.
@@ -155,7 +121,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       if (warned_unreachable) {
         // Back after an outage (a server that restarted empty gets our registration again from
         // registered_snapshot below).
-        connection.reconnect(call_budget());
+        connection.reconnect(calls.connect_budget());
         connection->set_deadline(calls_deadline);
         std::fprintf(stderr, "gpulock: Redis at %s answers again\n",
                      settings_.endpoint.display().c_str());
@@ -174,7 +140,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // ahead of everyone, given the free GPUs by every plan, until it expired silently.
         ticket.id = wanted.id;
         next_heartbeat = Clock::now();
-        if (!waker) waker = RedisConnection::connect(settings_.endpoint, call_budget());
+        if (!waker) waker = RedisConnection::connect(settings_.endpoint, calls.connect_budget());
       }
 
       // 1. Which GPUs could serve it at all.
@@ -185,25 +151,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
               ErrorCode::kUnsatisfiable,
               fmt::format("no host '{}' in pool '{}' (hosts: {})", sanitize_for_display(host, 64),
                           settings_.pool, join_names(host_names(*connection))));
-      std::vector<const Gpu*> scope;
-      for (const Gpu& g : snap.gpus)
-        if (any_host || std::find(hosts.begin(), hosts.end(), g.host) != hosts.end())
-          scope.push_back(&g);
-      std::vector<const Gpu*> pool;
-      if (!request.gpus.empty()) {
-        std::vector<Device> devices;
-        for (const Gpu* g : scope) devices.push_back(g->device);
-        for (const Device* d : resolve_explicit(devices, request.gpus, where))
-          pool.push_back(scope[static_cast<std::size_t>(d - devices.data())]);
-        for (const Gpu* g : pool)
-          if (g->host != pool.front()->host)
-            throw Error(ErrorCode::kInvalidArgument,
-                        fmt::format("the GPUs named are on hosts {} and {}: a lease covers GPUs "
-                                    "of one host",
-                                    pool.front()->host, g->host));
-      } else {
-        pool = scope;
-      }
+      const std::vector<const Gpu*> pool = request_gpus(snap.gpus, scope, request);
       std::vector<const Gpu*> candidates;
       std::vector<std::string> never_reasons;
       for (const Gpu* g : pool) {
@@ -280,18 +228,9 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
             if (g->device.uuid == uuid) chosen.push_back(g);
         if (!chosen.empty()) gpu_host = chosen.front()->host;
         const std::string lease_id = make_lease_id();
-        HolderRecord record;
-        record.lease_id = lease_id;
-        record.uid = ::geteuid();
-        record.user = user;
-        record.host = settings_.host;
-        record.boot_id = boot_id();
-        record.kind = HolderKind::kProcess;
-        record.holder = self_process_id();
-        record.command = request.command;
-        record.label = request.label;
         const auto started_at = std::chrono::system_clock::now();
-        record.started_at = unix_seconds(started_at);
+        HolderRecord record =
+            process_holder_record(lease_id, user, settings_.host, request, started_at);
         for (const Gpu* g : chosen) record.gpus.push_back(g->device.uuid);
         const std::string record_json = holder_record_json(record);
 
@@ -312,12 +251,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         if (reply.elements.size() == 2 && reply.elements[0].text == "exhausted") {
           // The script wrote nothing: no lock is left behind, and waiting cannot help.
           token_unusable = true;
-          throw Error(ErrorCode::kEnvironment,
-                      fmt::format("pool '{}': its fencing-token counter ({}token) is at {}, the "
-                                  "largest 64-bit token, so no lease can get a larger one; an "
-                                  "administrator must repair the pool (see `gpulock doctor`)",
-                                  settings_.pool, settings_.prefix(),
-                                  sanitize_for_display(reply.elements[1].text, 40)));
+          throw fencing_tokens_exhausted(settings_, reply.elements[1].text);
         }
         if (!reply.elements.empty() && reply.elements[0].text == "ok" &&
             reply.elements.size() == 2 + chosen.size()) {
@@ -375,7 +309,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           if (t.user == user && !t.entered_over_limit) ++waiting_now;
         wanted.entered_over_limit = waits_over_limit(waiting_now, user, config_);
         // A wake pushed to the ticket's list stays there until read: none is missed.
-        if (!waker) waker = RedisConnection::connect(settings_.endpoint, call_budget());
+        if (!waker) waker = RedisConnection::connect(settings_.endpoint, calls.connect_budget());
         // The hosts it may be served from, so that snapshots read their GPUs ("" = any).
         std::string ticket_hosts;
         if (!any_host)
@@ -487,7 +421,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       }
       try {
         waker = RedisConnection::connect(settings_.endpoint,
-                                         std::min(milliseconds(2000), call_budget()));
+                                         std::min(milliseconds(2000), calls.connect_budget()));
       } catch (const Error&) {
         // Still unreachable: the next round fails the same way and comes back here.
         waker.reset();

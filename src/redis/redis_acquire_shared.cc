@@ -21,6 +21,7 @@
 #include "backend/device_fitness.h"
 #include "backend/gpu_status.h"
 #include "backend/lease_state.h"
+#include "backend/process_holder_record.h"
 #include "backend/request_checks.h"
 #include "backend/shared_memory_units.h"
 #include "gpulock/error.hpp"
@@ -28,11 +29,12 @@
 #include "process/process_identity.h"
 #include "redis/fencing_token.h"
 #include "redis/redis_backend.h"
+#include "redis/redis_call_budget.h"
 #include "redis/redis_lease_keeper.h"
+#include "redis/redis_request_scope.h"
 #include "redis/redis_scripts.h"
 #include "util/random_id.h"
 #include "util/strings.h"
-#include "util/unix_time.h"
 
 namespace gpulock {
 namespace {
@@ -41,14 +43,6 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kSharedPoll{200};
-// Every call to the server is bounded by the request's deadline (as for exclusive requests); a
-// request that does not wait still gets this long for its few round trips.
-constexpr milliseconds kLeastCallBudget{1000};
-constexpr milliseconds kLongestCall{5000};
-
-bool is_uuid_like(const std::string& name) {
-  return starts_with_ignoring_case(name, "GPU-") || starts_with_ignoring_case(name, "MIG-");
-}
 
 // A GPU's memory in shared units (0 when unknown), capped at what a GPU may have.
 std::uint64_t total_units(const Device& d) {
@@ -104,40 +98,15 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
   health.allow_foreign_processes = true;
   const bool limited = config_.limits_for(user).max_gpus.has_value();
 
-  // Which hosts may serve it (as for exclusive requests).
-  bool any_host = false;
-  std::vector<std::string> hosts;
-  for (const auto& host : request.hosts) {
-    if (host == "any") {
-      any_host = true;
-    } else if (std::find(hosts.begin(), hosts.end(), host) == hosts.end()) {
-      hosts.push_back(host);
-    }
-  }
-  if (!any_host && hosts.empty()) hosts.push_back(settings_.host);
-  const bool one_host = !any_host && hosts.size() == 1;
-  if (!one_host)
-    for (const auto& name : request.gpus)
-      if (!is_uuid_like(name))
-        throw Error(ErrorCode::kInvalidArgument,
-                    fmt::format("GPU '{}': name GPUs by UUID when several hosts may serve the "
-                                "request (an index means a different GPU on each host)",
-                                sanitize_for_display(name, 64)));
-  const std::string where = !one_host                    ? "the pool's hosts"
-                            : hosts[0] == settings_.host ? "this machine"
-                                                         : "host " + hosts[0];
+  // Which hosts may serve it.
+  const RequestHosts scope = request_hosts(request, settings_.host);
+  const bool any_host = scope.any_host, one_host = scope.one_host;
+  const std::vector<std::string>& hosts = scope.hosts;
+  const std::string& where = scope.where;
 
-  const Clock::time_point calls_end = deadline == Clock::time_point::max()
-                                          ? Clock::time_point::max()
-                                          : std::max(deadline, start + kLeastCallBudget);
-  const std::optional<Clock::time_point> calls_deadline =
-      calls_end == Clock::time_point::max() ? std::nullopt : std::optional(calls_end);
-  milliseconds connect_budget = kLongestCall;
-  if (calls_deadline)
-    connect_budget = std::clamp(std::chrono::ceil<milliseconds>(*calls_deadline - Clock::now()),
-                                milliseconds(1), kLongestCall);
-  RedisConnectionLoan connection(*connections_, connect_budget);
-  connection->set_deadline(calls_deadline);
+  const RedisCallBudget calls(deadline, start);
+  RedisConnectionLoan connection(*connections_, calls.connect_budget());
+  connection->set_deadline(calls.deadline());
   std::vector<Device> local_devices = register_devices(*connection);
   const std::uint64_t reserve_units =
       config_.shared_memory_reserve_bytes == 0
@@ -160,25 +129,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
         throw Error(ErrorCode::kUnsatisfiable,
                     fmt::format("no host '{}' in pool '{}'", sanitize_for_display(host, 64),
                                 settings_.pool));
-    std::vector<const Gpu*> scope;
-    for (const Gpu& g : snap.gpus)
-      if (any_host || std::find(hosts.begin(), hosts.end(), g.host) != hosts.end())
-        scope.push_back(&g);
-    std::vector<const Gpu*> pool;
-    if (!request.gpus.empty()) {
-      std::vector<Device> devices;
-      for (const Gpu* g : scope) devices.push_back(g->device);
-      for (const Device* d : resolve_explicit(devices, request.gpus, where))
-        pool.push_back(scope[static_cast<std::size_t>(d - devices.data())]);
-      for (const Gpu* g : pool)
-        if (g->host != pool.front()->host)
-          throw Error(ErrorCode::kInvalidArgument,
-                      fmt::format("the GPUs named are on hosts {} and {}: a lease covers GPUs "
-                                  "of one host",
-                                  pool.front()->host, g->host));
-    } else {
-      pool = scope;
-    }
+    const std::vector<const Gpu*> pool = request_gpus(snap.gpus, scope, request);
     std::vector<SharedCandidate> candidates;
     std::vector<std::string> never_reasons;
     for (const Gpu* g : pool) {
@@ -277,18 +228,9 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
     // 3. Take them, if the pool still agrees (the script checks it all again).
     if (!chosen.empty()) {
       const std::string lease_id = make_lease_id();
-      HolderRecord record;
-      record.lease_id = lease_id;
-      record.uid = ::geteuid();
-      record.user = user;
-      record.host = settings_.host;
-      record.boot_id = boot_id();
-      record.kind = HolderKind::kProcess;
-      record.holder = self_process_id();
-      record.command = request.command;
-      record.label = request.label;
       const auto started_at = std::chrono::system_clock::now();
-      record.started_at = unix_seconds(started_at);
+      HolderRecord record =
+          process_holder_record(lease_id, user, settings_.host, request, started_at);
       record.memory_bytes = chosen.front().wanted * kSharedMemoryUnitBytes;
       for (const SharedCandidate& c : chosen) record.gpus.push_back(c.gpu->device.uuid);
       std::string record_json = holder_record_json(record);
@@ -320,12 +262,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
           connection->run(redis_scripts::kAcquireShared, {settings_.version_key()}, args);
       const std::string outcome = reply.elements.empty() ? "" : reply.elements[0].text;
       if (outcome == "exhausted" && reply.elements.size() == 2)
-        throw Error(ErrorCode::kEnvironment,
-                    fmt::format("pool '{}': its fencing-token counter ({}token) is at {}, the "
-                                "largest 64-bit token, so no lease can get a larger one; an "
-                                "administrator must repair the pool (see `gpulock doctor`)",
-                                settings_.pool, settings_.prefix(),
-                                sanitize_for_display(reply.elements[1].text, 40)));
+        throw fencing_tokens_exhausted(settings_, reply.elements[1].text);
       if (outcome == "ok" && reply.elements.size() == 2 + 2 * needed) {
         std::vector<std::string> uuids;
         std::vector<std::uint64_t> units;

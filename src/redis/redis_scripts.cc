@@ -111,6 +111,48 @@ namespace {
   "  return text\n"                                                                 \
   "end\n"
 
+// Whether a live ticket waits in the pool's queue: queue_has_live_ticket() removes, on the way,
+// the tickets whose key has expired (dead waiters'). Needs GPULOCK_LUA_PRELUDE.
+#define GPULOCK_LUA_QUEUE                                                        \
+  "local function queue_has_live_ticket()\n"                                     \
+  "  local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1)\n"               \
+  "  if members.err then members = {} end\n"                                     \
+  "  for _, m in ipairs(members) do\n"                                           \
+  "    if redis.call('EXISTS', P .. 'ticket:' .. m) == 1 then return true end\n" \
+  "    redis.call('ZREM', P .. 'queue', m)\n"                                    \
+  "  end\n"                                                                      \
+  "  return false\n"                                                             \
+  "end\n"
+
+// What a renew script (exclusive or shared) does once the lease's GPUs are kept: renew_lease()
+// sets the lease hash to `fields` (name, value pairs), renews the user's `held` set, and raises
+// the token keys to the lease's token. It replies 'restored' (bumping the version) when anything
+// had to be written back, else 'ok'. Needs GPULOCK_LUA_PRELUDE and GPULOCK_LUA_TOKENS.
+#define GPULOCK_LUA_RENEWAL                                                           \
+  "local function renew_lease(id, ttl, user, token, fields, restored)\n"              \
+  "  local lease = P .. 'lease:' .. id\n"                                             \
+  "  if redis.call('TYPE', lease).ok ~= 'hash' then\n"                                \
+  "    redis.call('DEL', lease)\n"                                                    \
+  "    restored = true\n"                                                             \
+  "  end\n"                                                                           \
+  "  redis.call('HSET', lease, unpack(fields))\n"                                     \
+  "  redis.call('PEXPIRE', lease, ttl)\n"                                             \
+  "  own_key(P .. 'held:' .. user, 'zset')\n"                                         \
+  "  redis.call('ZADD', P .. 'held:' .. user, now_ms + ttl, id)\n"                    \
+  "  local held = token_of(token)\n"                                                  \
+  "  if held then\n"                                                                  \
+  "    for _, k in ipairs(TOKEN_KEYS) do\n"                                           \
+  "      local last = read_token(k)\n"                                                \
+  "      if not last or token_less(last, held) then redis.call('SET', k, held) end\n" \
+  "    end\n"                                                                         \
+  "  end\n"                                                                           \
+  "  if restored then\n"                                                              \
+  "    bump('renew')\n"                                                               \
+  "    return {'restored'}\n"                                                         \
+  "  end\n"                                                                           \
+  "  return {'ok'}\n"                                                                 \
+  "end\n"
+
 // Shared leases' reservations on a GPU (docs/design-redis.md, "Shared leases"): `lock:UUID` holds
 // SHARED_MARK instead of a lease id, with the TTL of the reservation that ends last;
 // `shares:UUID` scores each shared lease's id by when its reservation expires, and
@@ -362,7 +404,8 @@ return {version, now_ms, hosts_out, gpus_out, leases_out, tickets_out, elsewhere
         whole and 1 or 0}
 )lua"};
 
-const RedisScript kAcquire{"acquire", GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS R"lua(
+const RedisScript kAcquire{"acquire",
+                           GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_QUEUE R"lua(
 -- First, before any write (a script error undoes nothing): a user whom the server refuses the
 -- pool's channel fails here, at once, not only once someone waits.
 redis.call('PUBLISH', P .. 'events', 'acquiring')
@@ -372,13 +415,8 @@ if expected ~= '' then
   local version = get(P .. 'version')
   if version == '' then version = '0' end
   if version ~= expected then return {'stale'} end
-else
-  local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1)
-  if members.err then members = {} end
-  for _, m in ipairs(members) do
-    if redis.call('EXISTS', P .. 'ticket:' .. m) == 1 then return {'queue'} end
-    redis.call('ZREM', P .. 'queue', m)
-  end
+elseif queue_has_live_ticket() then
+  return {'queue'}
 end
 local chosen = {}
 for i = 11, #ARGV do
@@ -460,7 +498,7 @@ end
 return released
 )lua"};
 
-const RedisScript kRenew{"renew", GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS R"lua(
+const RedisScript kRenew{"renew", GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_RENEWAL R"lua(
 local id, ttl = ARGV[1], tonumber(ARGV[2])
 if redis.call('EXISTS', P .. 'ended:' .. id) == 1 then return {'lost', '', 'released'} end
 for i = 7, #ARGV do
@@ -477,43 +515,20 @@ for i = 7, #ARGV do
     restored = true
   end
 end
-local lease = P .. 'lease:' .. id
-if redis.call('TYPE', lease).ok ~= 'hash' then
-  redis.call('DEL', lease)
-  restored = true
-end
-redis.call('HSET', lease, 'record', ARGV[4], 'token', ARGV[3], 'gpus', table.concat(uuids, ','),
-           'user', ARGV[5], 'host', ARGV[6], 'ttl', ARGV[2])
-redis.call('PEXPIRE', lease, ttl)
-own_key(P .. 'held:' .. ARGV[5], 'zset')
-redis.call('ZADD', P .. 'held:' .. ARGV[5], now_ms + ttl, id)
-local held = token_of(ARGV[3])
-if held then
-  for _, k in ipairs(TOKEN_KEYS) do
-    local last = read_token(k)
-    if not last or token_less(last, held) then redis.call('SET', k, held) end
-  end
-end
-if restored then
-  bump('renew')
-  return {'restored'}
-end
-return {'ok'}
+return renew_lease(id, ttl, ARGV[5], ARGV[3],
+                   {'record', ARGV[4], 'token', ARGV[3], 'gpus', table.concat(uuids, ','),
+                    'user', ARGV[5], 'host', ARGV[6], 'ttl', ARGV[2]}, restored)
 )lua"};
 
-const RedisScript kAcquireShared{"acquire_shared",
-                                 GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_SHARES R"lua(
+const RedisScript kAcquireShared{
+    "acquire_shared",
+    GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_QUEUE GPULOCK_LUA_SHARES R"lua(
 redis.call('PUBLISH', P .. 'events', 'acquiring')
 local id, ttl = ARGV[1], tonumber(ARGV[2])
 local needed, cap, spread = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
 -- No shared lease starts while a request waits in the queue: those are for whole GPUs, and a
 -- stream of small jobs must not starve them.
-local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1)
-if members.err then members = {} end
-for _, m in ipairs(members) do
-  if redis.call('EXISTS', P .. 'ticket:' .. m) == 1 then return {'queue'} end
-  redis.call('ZREM', P .. 'queue', m)
-end
+if queue_has_live_ticket() then return {'queue'} end
 if redis.call('EXISTS', P .. 'lease:' .. id) == 1 then return {'busy'} end
 -- The candidates that fit, by host (in the order given).
 local hosts, fitting = {}, {}
@@ -594,8 +609,9 @@ end
 return out
 )lua"};
 
-const RedisScript kRenewShared{"renew_shared",
-                               GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_SHARES R"lua(
+const RedisScript kRenewShared{
+    "renew_shared",
+    GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_RENEWAL GPULOCK_LUA_SHARES R"lua(
 local id, ttl = ARGV[1], tonumber(ARGV[2])
 if redis.call('EXISTS', P .. 'ended:' .. id) == 1 then return {'lost', '', 'released'} end
 local marked = {}
@@ -632,28 +648,10 @@ for i = 7, #ARGV - 1, 2 do
   table.insert(uuids, uuid)
   table.insert(units, ARGV[i + 1])
 end
-local lease = P .. 'lease:' .. id
-if redis.call('TYPE', lease).ok ~= 'hash' then
-  redis.call('DEL', lease)
-  restored = true
-end
-redis.call('HSET', lease, 'record', ARGV[4], 'token', ARGV[3], 'gpus', table.concat(uuids, ','),
-           'units', table.concat(units, ','), 'user', ARGV[5], 'host', ARGV[6], 'ttl', ARGV[2])
-redis.call('PEXPIRE', lease, ttl)
-own_key(P .. 'held:' .. ARGV[5], 'zset')
-redis.call('ZADD', P .. 'held:' .. ARGV[5], now_ms + ttl, id)
-local held = token_of(ARGV[3])
-if held then
-  for _, k in ipairs(TOKEN_KEYS) do
-    local last = read_token(k)
-    if not last or token_less(last, held) then redis.call('SET', k, held) end
-  end
-end
-if restored then
-  bump('renew')
-  return {'restored'}
-end
-return {'ok'}
+return renew_lease(id, ttl, ARGV[5], ARGV[3],
+                   {'record', ARGV[4], 'token', ARGV[3], 'gpus', table.concat(uuids, ','),
+                    'units', table.concat(units, ','), 'user', ARGV[5], 'host', ARGV[6],
+                    'ttl', ARGV[2]}, restored)
 )lua"};
 
 const RedisScript kEnter{"enter", GPULOCK_LUA_PRELUDE R"lua(
@@ -696,6 +694,8 @@ return woken
 )lua"};
 
 #undef GPULOCK_LUA_SHARES
+#undef GPULOCK_LUA_RENEWAL
+#undef GPULOCK_LUA_QUEUE
 #undef GPULOCK_LUA_TOKENS
 #undef GPULOCK_LUA_PRELUDE
 

@@ -127,15 +127,16 @@ class Audit:
 
 # -- queueing and draining ------------------------------------------------------------------------
 
-def queue_jobs(harness, audit, names, env, prefix=()):
-    """Starts `gpulock run -n 1 -- JOB` for each name, BATCH at a time: each batch waits in the
-    queue (its 'waiting for' line on stderr) before the next is started. Returns {name: bg}."""
+def queue_jobs(harness, audit, names, env, prefix=(), request=("-n", "1")):
+    """Starts `gpulock run REQUEST -- JOB` for each name, BATCH at a time: each batch waits in
+    the queue (its 'waiting for' line on stderr) before the next is started. Returns
+    {name: bg}."""
     procs = {}
     deadline = time.monotonic() + REGISTER_HANG
     for first in range(0, len(names), BATCH):
         batch = names[first:first + BATCH]
         for name in batch:
-            procs[name] = harness.spawn("run", "-n", "1", *audit.job(name), env=env,
+            procs[name] = harness.spawn("run", *request, *audit.job(name), env=env,
                                         prefix=prefix)
         pending = set(batch)
         while pending:
@@ -268,17 +269,84 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def jobs_behind_held_gpu(gl, count, audit_class=Audit, queue=queue_jobs):
+    """The machine's one GPU held whole, and `count` jobs (started by `queue`, audited by an
+    `audit_class`) waiting in the queue behind it. Returns (env, audit, holder, {name: bg})."""
+    ensure_room_for(count)
+    env = gl.env(fake="1")
+    audit = audit_class(gl.tmp / "audit")
+    holder, _ = gl.hold("-n", "1", env=env)
+    procs = queue(gl, audit, names_for(count), env)
+    wait_queue_length(gl, count, env)
+    return env, audit, holder, procs
+
+
+def kill_while_draining(harness, env, holder, procs, rng, pending_random, per_round):
+    """Ends `holder` and, while the queue drains, SIGKILLs the gpulock processes of waiters:
+    `per_round` a round from the end of `pending_random` (names), and in each of
+    DISPATCHER_VICTIMS rounds one of the three oldest still waiting (the dispatchers, which
+    follow releases and plan for everyone), drawn from `rng`, as are the pauses between rounds.
+    Returns (the victims' names, how many dispatchers were killed, when the holder ended)."""
+    by_pid = {bg.pid: name for name, bg in procs.items()}
+    victims = set()
+
+    def kill(name):
+        victims.add(name)
+        try:
+            os.kill(procs[name].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    holder.kill_group()
+    released = time.monotonic()
+    dispatchers_killed = 0
+    while pending_random or dispatchers_killed < DISPATCHER_VICTIMS:
+        assert time.monotonic() - released < DRAIN_HANG, summary(harness, env, procs)
+        if dispatchers_killed < DISPATCHER_VICTIMS:
+            waiting = [e["pid"] for e in queue_doc(harness, env)["waiting"]]
+            head = [by_pid[p] for p in waiting[:3] if p in by_pid]
+            if not head:
+                break  # drained already: nothing left to kill
+            kill(rng.choice(head))
+            dispatchers_killed += 1
+        for _ in range(min(len(pending_random), per_round)):
+            kill(pending_random.pop())
+        time.sleep(rng.uniform(0, 0.05))
+    return victims, dispatchers_killed, released
+
+
+def wait_survivors(harness, env, procs, victims):
+    """Waits for the waiters not in `victims` to be served and end, each with status 0, and for
+    the victims' gpulock processes to be reaped. Returns the survivors {name: bg}."""
+    survivors = {n: bg for n, bg in procs.items() if n not in victims}
+    statuses = wait_drained(harness, env, survivors)
+    failed = {n: (s, survivors[n].stderr()[-300:]) for n, s in statuses.items() if s != 0}
+    assert failed == {}, "%d survivors failed, e.g. %s" % (len(failed), list(failed.items())[:5])
+    for name in victims:
+        procs[name].popen.wait(timeout=HANG)
+    return survivors
+
+
+def assert_served_once(audit, survivors):
+    """Every survivor's job ran, and no job ran twice, as the audit's log says. Returns
+    {name: times run} of the jobs that ran."""
+    counts = {}
+    for name in audit.started():
+        counts[name] = counts.get(name, 0) + 1
+    missing = sorted(n for n in survivors if n not in counts)
+    twice = sorted(n for n, c in counts.items() if c > 1)
+    assert (missing, twice) == ([], []), (
+        "%d survivors never ran (e.g. %s); %d jobs ran twice (e.g. %s)"
+        % (len(missing), missing[:10], len(twice), twice[:10]))
+    return counts
+
+
 # -- the tests ------------------------------------------------------------------------------------
 
 def test_drain_1000(gl):
     """One GPU, held; N jobs of one user queue behind it; the holder ends. Every job runs
     exactly once, never two at a time, and nothing is left in the queue."""
-    ensure_room_for(N)
-    env = gl.env(fake="1")
-    audit = Audit(gl.tmp / "audit")
-    holder, _ = gl.hold("-n", "1", env=env)
-    procs = queue_jobs(gl, audit, names_for(N), env)
-    wait_queue_length(gl, N, env)
+    env, audit, holder, procs = jobs_behind_held_gpu(gl, N)
     holder.kill_group()
     released = time.monotonic()
     assert_all_served(gl, env, audit, procs)
@@ -292,15 +360,10 @@ IDLE_WINDOW = 10.0
 IDLE_CPU_BOUND = 2.0
 
 
-def test_idle_waiters_use_no_cpu(gl):
-    """N waiters queued on the only GPU, which stays held: over 10 s in which nothing happens,
-    all of them together use (next to) no CPU. Then they drain as in test_drain_1000."""
-    ensure_room_for(N)
-    env = gl.env(fake="1")
-    audit = Audit(gl.tmp / "audit")
-    holder, _ = gl.hold("-n", "1", env=env)
-    procs = queue_jobs(gl, audit, names_for(N), env)
-    wait_queue_length(gl, N, env)
+def assert_idle(procs, what):
+    """Lets the waiters `procs` ({name: bg}) settle, then asserts that over IDLE_WINDOW seconds
+    (in which nothing happens) all of them together use less than IDLE_CPU_BOUND CPU seconds,
+    and that none ends. `what` names them in messages ("waiters")."""
     time.sleep(1.0)  # the last arrivals' wake-ups settle
     pids = [bg.pid for bg in procs.values()]
     before = {pid: cpu_seconds(pid) for pid in pids}
@@ -313,10 +376,17 @@ def test_idle_waiters_use_no_cpu(gl):
             raise AssertionError("waiter %d ended while the GPU stayed held" % pid) from None
     total = sum(used.values())
     busiest = sorted(used.items(), key=lambda item: -item[1])[:5]
-    print("%d idle waiters used %.2f CPU-s in %.0f s" % (N, total, IDLE_WINDOW))
+    print("%d idle %s used %.2f CPU-s in %.0f s" % (len(pids), what, total, IDLE_WINDOW))
     assert total < IDLE_CPU_BOUND, (
-        "%d idle waiters used %.2f CPU-s in %.0f s (bound %.1f): polling? busiest %s"
-        % (N, total, IDLE_WINDOW, IDLE_CPU_BOUND, busiest))
+        "%d idle %s used %.2f CPU-s in %.0f s (bound %.1f): polling? busiest %s"
+        % (len(pids), what, total, IDLE_WINDOW, IDLE_CPU_BOUND, busiest))
+
+
+def test_idle_waiters_use_no_cpu(gl):
+    """N waiters queued on the only GPU, which stays held: over 10 s in which nothing happens,
+    all of them together use (next to) no CPU. Then they drain as in test_drain_1000."""
+    env, audit, holder, procs = jobs_behind_held_gpu(gl, N)
+    assert_idle(procs, "waiters")
     assert len(queue_doc(gl, env)["waiting"]) == N
     holder.kill_group()
     assert_all_served(gl, env, audit, procs)
@@ -334,64 +404,20 @@ def test_sigkill_during_drain_1000(gl):
     gpulock process is killed: a victim that was served in that instant keeps its lease through
     its command, which inherited it, so the audit still sees one job at a time. Every survivor
     is served exactly once, no victim runs twice, and nothing is left in the queue."""
-    ensure_room_for(N)
     rng = random.Random(12)
-    env = gl.env(fake="1")
-    audit = Audit(gl.tmp / "audit")
-    holder, _ = gl.hold("-n", "1", env=env)
-    names = names_for(N)
-    procs = queue_jobs(gl, audit, names, env)
-    wait_queue_length(gl, N, env)
-    by_pid = {bg.pid: name for name, bg in procs.items()}
-
-    random_victims = set(rng.sample(names, RANDOM_VICTIMS))
-    victims = set()
-
-    def kill(name):
-        victims.add(name)
-        try:
-            os.kill(procs[name].pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    holder.kill_group()
-    released = time.monotonic()
-    pending_random = sorted(random_victims)
+    env, audit, holder, procs = jobs_behind_held_gpu(gl, N)
+    pending_random = sorted(rng.sample(list(procs), RANDOM_VICTIMS))
     rng.shuffle(pending_random)
-    dispatchers_killed = 0
-    while pending_random or dispatchers_killed < DISPATCHER_VICTIMS:
-        assert time.monotonic() - released < DRAIN_HANG, summary(gl, env, procs)
-        if dispatchers_killed < DISPATCHER_VICTIMS:
-            waiting = [e["pid"] for e in queue_doc(gl, env)["waiting"]]
-            head = [by_pid[p] for p in waiting[:3] if p in by_pid]
-            if not head:
-                break  # drained already: nothing left to kill
-            kill(rng.choice(head))
-            dispatchers_killed += 1
-        for _ in range(min(len(pending_random), RANDOM_VICTIMS // DISPATCHER_VICTIMS + 1)):
-            kill(pending_random.pop())
-        time.sleep(rng.uniform(0, 0.05))
-
-    survivors = {n: bg for n, bg in procs.items() if n not in victims}
-    statuses = wait_drained(gl, env, survivors)
-    failed = {n: (s, survivors[n].stderr()[-300:]) for n, s in statuses.items() if s != 0}
-    assert failed == {}, "%d survivors failed, e.g. %s" % (len(failed), list(failed.items())[:5])
-    for name in victims:
-        procs[name].popen.wait(timeout=HANG)
+    victims, dispatchers_killed, released = kill_while_draining(
+        gl, env, holder, procs, rng, pending_random, RANDOM_VICTIMS // DISPATCHER_VICTIMS + 1)
+    survivors = wait_survivors(gl, env, procs, victims)
     # A victim served just before its SIGKILL still runs its command: wait for those to end.
     wait_until(lambda: not (audit.root / "running").exists(), HANG,
                what="the last victim's command to end")
 
     errors = audit.errors()
     assert errors == [], "jobs ran at the same time on the only GPU: %s" % errors[:20]
-    counts = {}
-    for name in audit.started():
-        counts[name] = counts.get(name, 0) + 1
-    missing = sorted(n for n in survivors if n not in counts)
-    twice = sorted(n for n, c in counts.items() if c > 1)
-    assert (missing, twice) == ([], []), (
-        "%d survivors never ran (e.g. %s); %d jobs ran twice (e.g. %s)"
-        % (len(missing), missing[:10], len(twice), twice[:10]))
+    counts = assert_served_once(audit, survivors)
     print("%d killed (%d of them dispatchers), %d of them served first; %d survivors served "
           "in %.1f s" % (len(victims), dispatchers_killed, sum(1 for v in victims if v in counts),
                          len(survivors), time.monotonic() - released))

@@ -10,18 +10,17 @@ Nothing depends on wall-clock speed: every timeout is only a hang guard.
 """
 
 import json
-import os
 import random
 import re
 import signal
-import time
 
 import pytest
 
 from conftest import EX_TEMPFAIL, HANG, PYTHON, wait_until
 pytest.register_assert_rewrite("conftest_redis")  # before its first import
 from conftest_redis import assert_no_crash  # noqa: E402
-from test_shared_leases import AUDIT_JOB, GIB, GPU_MEMORY  # noqa: E402
+from test_shared_leases import (  # noqa: E402
+    AUDIT_JOB, GIB, GPU_MEMORY, assert_whole_gpu_not_starved, audit_dir, mixed_jobs, violations)
 
 # The fixtures redis_server, redis_servers and rw.
 pytest_plugins = ["conftest_redis"]
@@ -37,29 +36,13 @@ COUNTING_JOB = AUDIT_JOB.replace(
 assert COUNTING_JOB != AUDIT_JOB
 
 
-def audit_dir(rw):
-    audit = rw.tmp / "audit"
-    (audit / "violations").mkdir(parents=True)
-    return audit
-
-
-def violations(audit):
-    return {v: (audit / "violations" / v).read_text() for v in os.listdir(audit / "violations")}
-
-
 def test_mixed_exclusive_and_shared_never_overcommit(rw):
     """64 processes, exclusive and shared of random sizes, on 4 simulated 80 GiB GPUs."""
     audit = audit_dir(rw)
     holder = rw.hold("-n", "4")  # so that all of them really contend
     rng = random.Random(15)
     procs = {}
-    for i in range(64):
-        name = "job-%02d" % i
-        if rng.random() < 0.25:
-            args, size = ["-n", str(rng.choice([1, 1, 2]))], 0
-        else:
-            gib = rng.choice([5, 10, 10, 20, 30, 40])
-            args, size = ["--mem", "%dG" % gib], gib * GIB
+    for name, args, size in mixed_jobs(rng, 64):
         procs[name] = rw.spawn("run", *args, "--", PYTHON, "-S", "-c", COUNTING_JOB, audit,
                                name, size, GPU_MEMORY)
     for bg in procs.values():
@@ -127,23 +110,7 @@ def test_sigkill_of_a_shared_holder_frees_exactly_its_memory_after_its_ttl(rw):
 def test_exclusive_request_is_not_starved_by_a_stream_of_shared_jobs(rw):
     rw.register(gpus=1)
     audit = audit_dir(rw)
-    stream = []
-
-    def top_up():
-        # Keep four small jobs running or waiting at all times.
-        live = [p for p in stream if p.alive()]
-        for _ in range(4 - len(live)):
-            stream.append(rw.spawn("run", "--mem", "10G", "--", "sleep", "0.3"))
-    top_up()
-    wait_until(lambda: any(g["state"] == "leased" for g in rw.status()["gpus"]),
-               what="a shared job to start")
-    whole = rw.spawn("run", "--", PYTHON, "-S", "-c", AUDIT_JOB, audit, "whole", 0, GPU_MEMORY)
-    deadline = time.monotonic() + HANG
-    while whole.alive() and time.monotonic() < deadline:
-        top_up()
-        time.sleep(0.05)
-    assert not whole.alive(), "the exclusive request was starved: " + whole.describe()
-    assert whole.wait() == 0, whole.describe()
+    stream = assert_whole_gpu_not_starved(rw.spawn, rw.status, audit)
     for p in stream:
         p.wait(timeout=HANG)
     assert violations(audit) == {}

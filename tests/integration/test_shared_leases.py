@@ -60,10 +60,30 @@ if problems:
 """
 
 
-def audit_dir(gl):
-    audit = gl.tmp / "audit"
+def audit_dir(harness):
+    """A fresh audit directory for AUDIT_JOB under the harness's tmp."""
+    audit = harness.tmp / "audit"
     (audit / "violations").mkdir(parents=True)
     return audit
+
+
+def violations(audit):
+    """What AUDIT_JOB found wrong: {job name: problems}."""
+    return {v: (audit / "violations" / v).read_text() for v in os.listdir(audit / "violations")}
+
+
+def mixed_jobs(rng, count):
+    """`count` jobs drawn from `rng`, a quarter exclusive (1 or 2 GPUs), the others shared of
+    5 to 40 GiB: [(name, gpulock run arguments, AUDIT_JOB size)]."""
+    jobs = []
+    for i in range(count):
+        if rng.random() < 0.25:
+            args, size = ["-n", str(rng.choice([1, 1, 2]))], 0
+        else:
+            gib = rng.choice([5, 10, 10, 20, 30, 40])
+            args, size = ["--mem", "%dG" % gib], gib * GIB
+        jobs.append(("job-%02d" % i, args, size))
+    return jobs
 
 
 def test_mixed_exclusive_and_shared_never_overcommit(gl):
@@ -72,13 +92,7 @@ def test_mixed_exclusive_and_shared_never_overcommit(gl):
     holder, _ = gl.hold("-n", "4")  # so that all of them really contend
     rng = random.Random(15)
     procs = {}
-    for i in range(64):
-        name = "job-%02d" % i
-        if rng.random() < 0.25:
-            args, size = ["-n", str(rng.choice([1, 1, 2]))], 0
-        else:
-            gib = rng.choice([5, 10, 10, 20, 30, 40])
-            args, size = ["--mem", "%dG" % gib], gib * GIB
+    for name, args, size in mixed_jobs(rng, 64):
         procs[name] = gl.spawn("run", *args, "--", PYTHON, "-S", "-c", AUDIT_JOB, audit, name,
                                size, GPU_MEMORY)
     for bg in procs.values():
@@ -90,9 +104,7 @@ def test_mixed_exclusive_and_shared_never_overcommit(gl):
         status = bg.wait(timeout=240)
         if status != 0:
             failures.append("%s exited %s: %s" % (name, status, bg.stderr()))
-    violations = {v: (audit / "violations" / v).read_text()
-                  for v in os.listdir(audit / "violations")}
-    assert violations == {}
+    assert violations(audit) == {}
     assert failures == []
 
 
@@ -120,26 +132,34 @@ def test_sigkill_of_a_shared_holder_frees_exactly_its_memory(gl):
                what="the whole GPU to be free")
 
 
-def test_exclusive_request_is_not_starved_by_a_stream_of_shared_jobs(gl):
-    env = gl.env(fake="1")
-    audit = audit_dir(gl)
+def assert_whole_gpu_not_starved(spawn, status, audit):
+    """Keeps four small shared jobs running or waiting on the only GPU, and asks for it whole
+    (an audited job) once one runs: the whole-GPU request is served while the stream goes on.
+    `spawn` and `status` are the harness's, bound to its environment. Returns the stream."""
     stream = []
 
     def top_up():
-        # Keep four small jobs running or waiting at all times.
         live = [p for p in stream if p.alive()]
         for _ in range(4 - len(live)):
-            stream.append(gl.spawn("run", "--mem", "10G", "--", "sleep", "0.3", env=env))
+            stream.append(spawn("run", "--mem", "10G", "--", "sleep", "0.3"))
     top_up()
-    wait_until(lambda: any(s["state"] == "leased" for s in gl.status(env=env)["gpus"]))
-    whole = gl.spawn("run", "--", PYTHON, "-S", "-c", AUDIT_JOB, audit, "whole", 0, GPU_MEMORY,
-                     env=env)
+    wait_until(lambda: any(g["state"] == "leased" for g in status()["gpus"]),
+               what="a shared job to start")
+    whole = spawn("run", "--", PYTHON, "-S", "-c", AUDIT_JOB, audit, "whole", 0, GPU_MEMORY)
     deadline = time.monotonic() + HANG
     while whole.alive() and time.monotonic() < deadline:
         top_up()
         time.sleep(0.05)
     assert not whole.alive(), "the exclusive request was starved: " + whole.describe()
     assert whole.wait() == 0, whole.describe()
+    return stream
+
+
+def test_exclusive_request_is_not_starved_by_a_stream_of_shared_jobs(gl):
+    env = gl.env(fake="1")
+    audit = audit_dir(gl)
+    assert_whole_gpu_not_starved(lambda *args: gl.spawn(*args, env=env),
+                                 lambda: gl.status(env=env), audit)
     assert os.listdir(audit / "violations") == []
 
 

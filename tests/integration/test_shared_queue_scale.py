@@ -15,16 +15,14 @@ catch polling, not to measure. GPULOCK_SCALE_N and GPULOCK_SCALE_BATCH as in
 test_queue_scale.py.
 """
 
-import os
 import random
-import signal
 import time
 
 from conftest import HANG, wait_until
-from test_queue_scale import (BATCH, DRAIN_HANG, IDLE_CPU_BOUND, IDLE_WINDOW, N, REGISTER_HANG,
-                              Audit, assert_all_served, cpu_seconds, ensure_memory_for,
-                              ensure_room_for, live_tickets, names_for, queue_doc, summary,
-                              wait_drained, wait_queue_length)
+from test_queue_scale import (N, RANDOM_VICTIMS, REGISTER_HANG, Audit, assert_all_served,
+                              assert_idle, assert_served_once, ensure_room_for,
+                              jobs_behind_held_gpu, kill_while_draining, live_tickets, names_for,
+                              queue_doc, queue_jobs, wait_survivors)
 
 # 10 GiB jobs on an 80 GiB GPU: at most 8 at once.
 AT_ONCE = 8
@@ -46,42 +44,15 @@ class SlotAudit(Audit):
 
 
 def queue_shared_jobs(harness, audit, names, env):
-    """Starts `gpulock run --mem 10G -- JOB` for each name, BATCH at a time, each batch waiting
-    in the queue before the next is started. Returns {name: bg}."""
-    procs = {}
-    deadline = time.monotonic() + REGISTER_HANG
-    for first in range(0, len(names), BATCH):
-        batch = names[first:first + BATCH]
-        for name in batch:
-            procs[name] = harness.spawn("run", "--mem", "10G", *audit.job(name), env=env)
-        pending = set(batch)
-        while pending:
-            for name in list(pending):
-                bg = procs[name]
-                if "waiting for" in bg.stderr():
-                    pending.discard(name)
-                elif not bg.alive():
-                    raise AssertionError("job %s did not wait in the queue: %s"
-                                         % (name, bg.describe()))
-            if pending and time.monotonic() > deadline:
-                raise AssertionError("hang guard (%ss): %d of the last batch not yet waiting"
-                                     % (REGISTER_HANG, len(pending)))
-            if pending:
-                time.sleep(0.05)
-        if first == 0:
-            ensure_memory_for(len(names), [procs[n].pid for n in batch])
-    return procs
+    """queue_jobs() for `gpulock run --mem 10G -- JOB`: each batch waits in the queue before the
+    next is started. Returns {name: bg}."""
+    return queue_jobs(harness, audit, names, env, request=("--mem", "10G"))
 
 
 def test_drain_1000_shared(gl):
     """One GPU held whole; N shared jobs of 10 GiB queue behind it; the holder ends. Every job
     runs exactly once, never more than 8 at once, and nothing is left in the queue."""
-    ensure_room_for(N)
-    env = gl.env(fake="1")
-    audit = SlotAudit(gl.tmp / "audit")
-    holder, _ = gl.hold("-n", "1", env=env)
-    procs = queue_shared_jobs(gl, audit, names_for(N), env)
-    wait_queue_length(gl, N, env)
+    env, audit, holder, procs = jobs_behind_held_gpu(gl, N, SlotAudit, queue_shared_jobs)
     holder.kill_group()
     released = time.monotonic()
     assert_all_served(gl, env, audit, procs)
@@ -91,28 +62,8 @@ def test_drain_1000_shared(gl):
 def test_idle_shared_waiters_use_no_cpu(gl):
     """N shared waiters queued on the only GPU, which stays held: over 10 s in which nothing
     happens, all of them together use (next to) no CPU. Then they drain."""
-    ensure_room_for(N)
-    env = gl.env(fake="1")
-    audit = SlotAudit(gl.tmp / "audit")
-    holder, _ = gl.hold("-n", "1", env=env)
-    procs = queue_shared_jobs(gl, audit, names_for(N), env)
-    wait_queue_length(gl, N, env)
-    time.sleep(1.0)  # the last arrivals' wake-ups settle
-    pids = [bg.pid for bg in procs.values()]
-    before = {pid: cpu_seconds(pid) for pid in pids}
-    time.sleep(IDLE_WINDOW)
-    used = {}
-    for pid in pids:
-        try:
-            used[pid] = cpu_seconds(pid) - before[pid]
-        except FileNotFoundError:
-            raise AssertionError("waiter %d ended while the GPU stayed held" % pid) from None
-    total = sum(used.values())
-    busiest = sorted(used.items(), key=lambda item: -item[1])[:5]
-    print("%d idle shared waiters used %.2f CPU-s in %.0f s" % (N, total, IDLE_WINDOW))
-    assert total < IDLE_CPU_BOUND, (
-        "%d idle shared waiters used %.2f CPU-s in %.0f s (bound %.1f): polling? busiest %s"
-        % (N, total, IDLE_WINDOW, IDLE_CPU_BOUND, busiest))
+    env, audit, holder, procs = jobs_behind_held_gpu(gl, N, SlotAudit, queue_shared_jobs)
+    assert_idle(procs, "shared waiters")
     assert len(queue_doc(gl, env)["waiting"]) == N
     holder.kill_group()
     assert_all_served(gl, env, audit, procs)
@@ -144,57 +95,17 @@ def test_sigkill_of_shared_waiters_during_drain(gl):
     """As test_drain_1000_shared, but while the queue drains, a tenth of the waiters are
     SIGKILLed at random, and again and again the oldest still waiting (the dispatchers). Every
     survivor is served exactly once, never more than fit at once, and no live ticket is left."""
-    ensure_room_for(N)
     rng = random.Random(15)
-    env = gl.env(fake="1")
-    audit = SlotAudit(gl.tmp / "audit")
-    holder, _ = gl.hold("-n", "1", env=env)
-    names = names_for(N)
-    procs = queue_shared_jobs(gl, audit, names, env)
-    wait_queue_length(gl, N, env)
-    by_pid = {bg.pid: name for name, bg in procs.items()}
-    pending_random = rng.sample(names, max(1, N // 10))
-    victims = set()
-
-    def kill(name):
-        victims.add(name)
-        try:
-            os.kill(procs[name].pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    holder.kill_group()
-    released = time.monotonic()
-    dispatchers_killed = 0
-    while pending_random or dispatchers_killed < 30:
-        assert time.monotonic() - released < DRAIN_HANG, summary(gl, env, procs)
-        if dispatchers_killed < 30:
-            waiting = [e["pid"] for e in queue_doc(gl, env)["waiting"]]
-            head = [by_pid[p] for p in waiting[:3] if p in by_pid]
-            if not head:
-                break  # drained already
-            kill(rng.choice(head))
-            dispatchers_killed += 1
-        for _ in range(min(len(pending_random), 5)):
-            kill(pending_random.pop())
-        time.sleep(rng.uniform(0, 0.05))
-
-    survivors = {n: bg for n, bg in procs.items() if n not in victims}
-    statuses = wait_drained(gl, env, survivors)
-    failed = {n: (s, survivors[n].stderr()[-300:]) for n, s in statuses.items() if s != 0}
-    assert failed == {}, "%d survivors failed, e.g. %s" % (len(failed), list(failed.items())[:5])
-    for name in victims:
-        procs[name].popen.wait(timeout=HANG)
+    env, audit, holder, procs = jobs_behind_held_gpu(gl, N, SlotAudit, queue_shared_jobs)
+    pending_random = rng.sample(list(procs), RANDOM_VICTIMS)
+    victims, dispatchers_killed, released = kill_while_draining(gl, env, holder, procs, rng,
+                                                                pending_random, 5)
+    survivors = wait_survivors(gl, env, procs, victims)
     # A victim served just before its SIGKILL still runs its command: wait for those to end.
     wait_until(lambda: not any(p.name.startswith("slot-") for p in audit.root.iterdir()), HANG,
                what="the last victims' commands to end")
     assert audit.errors() == [], "more jobs at once than fit: %s" % audit.errors()[:20]
-    counts = {}
-    for name in audit.started():
-        counts[name] = counts.get(name, 0) + 1
-    missing = sorted(n for n in survivors if n not in counts)
-    twice = sorted(n for n, c in counts.items() if c > 1)
-    assert (missing, twice) == ([], []), (missing[:10], twice[:10])
+    assert_served_once(audit, survivors)
     _, live = live_tickets(gl)
     assert live == [], "tickets still locked after every waiter ended: %s" % live[:10]
     print("%d killed (%d dispatchers); %d survivors served in %.1f s"
