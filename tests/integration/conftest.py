@@ -48,6 +48,14 @@ def gpulock_bin():
     return gpulock_testing.require_binary()
 
 
+
+def default_interrupt_signals():
+    """preexec_fn: SIGINT and SIGQUIT as an interactive shell gives them. A background job of a
+    non-interactive shell (`cmd &` in a script) starts with both ignored, and exec keeps them
+    ignored: a test that stops a waiter with SIGINT would then wait for it for ever."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
 class Terminal:
     """A command run as the session leader of a new pseudo-terminal, as in an interactive shell.
     `text()` is everything it wrote so far; `write()` types into the terminal (b"\\x03" is ^C).
@@ -175,7 +183,8 @@ class Harness:
         with open(out, "wb") as fo, open(err, "wb") as fe:
             popen = subprocess.Popen([str(a) for a in argv], env=env if env is not None
                                      else self.env(), stdin=subprocess.DEVNULL, stdout=fo,
-                                     stderr=fe, cwd=cwd or self.tmp, start_new_session=True)
+                                     stderr=fe, cwd=cwd or self.tmp, start_new_session=True,
+                                     preexec_fn=default_interrupt_signals)
         bg = Background(popen, out, err)
         self.background.append(bg)
         return bg
