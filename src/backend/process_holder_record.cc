@@ -1,19 +1,17 @@
 // process_holder_record(): see process_holder_record.h.
 #include "backend/process_holder_record.h"
 
-#include <unistd.h>
-
 #include "process/process_identity.h"
 #include "util/unix_time.h"
 
 namespace gpulock {
 
-HolderRecord process_holder_record(const std::string& lease_id, const std::string& user,
+HolderRecord process_holder_record(const std::string& lease_id, uid_t uid, const std::string& user,
                                    const std::string& host, const LeaseRequest& request,
                                    std::chrono::system_clock::time_point started_at) {
   HolderRecord record;
   record.lease_id = lease_id;
-  record.uid = ::geteuid();
+  record.uid = uid;
   record.user = user;
   record.host = host;
   record.boot_id = boot_id();

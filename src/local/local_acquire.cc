@@ -13,6 +13,7 @@
 
 #include "backend/device_fitness.h"
 #include "backend/lease_state.h"
+#include "backend/process_holder_record.h"
 #include "backend/queue_request.h"
 #include "backend/request_checks.h"
 #include "gpulock/error.hpp"
@@ -25,7 +26,6 @@
 #include "queue/selection.h"
 #include "util/random_id.h"
 #include "util/strings.h"
-#include "util/unix_time.h"
 
 namespace gpulock {
 namespace {
@@ -77,16 +77,8 @@ std::optional<Lease> LocalBackend::try_lock(const std::vector<const Device*>& ch
   lease->id = make_lease_id();
   lease->started_at = std::chrono::system_clock::now();
   HolderRecord& record = lease->record;
-  record.lease_id = lease->id;
-  record.uid = uid;
-  record.user = user_of(record.uid);
-  record.host = host_name();
-  record.boot_id = boot_id();
-  record.kind = HolderKind::kProcess;
-  record.holder = self_process_id();
-  record.command = request.command;
-  record.label = request.label;
-  record.started_at = unix_seconds(lease->started_at);
+  record =
+      process_holder_record(lease->id, uid, user_of(uid), host_name(), request, lease->started_at);
   for (const auto& gpu : lease->gpus) record.gpus.push_back(gpu.uuid);
   lease->keeper->publish_record(record);
   return Lease(std::move(lease));

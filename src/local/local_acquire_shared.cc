@@ -14,6 +14,7 @@
 #include "backend/device_fitness.h"
 #include "backend/gpu_status.h"
 #include "backend/lease_state.h"
+#include "backend/process_holder_record.h"
 #include "backend/request_checks.h"
 #include "gpulock/error.hpp"
 #include "gpulock/parse.hpp"
@@ -22,9 +23,7 @@
 #include "local/local_backend.h"
 #include "local/local_lease_keeper.h"
 #include "local/shared_leases.h"
-#include "process/process_identity.h"
 #include "util/random_id.h"
-#include "util/unix_time.h"
 
 namespace gpulock {
 
@@ -167,16 +166,9 @@ std::optional<Lease> LocalBackend::try_lock_shared(
   lease->id = make_lease_id();
   lease->started_at = std::chrono::system_clock::now();
   HolderRecord& record = lease->record;
-  record.lease_id = lease->id;
-  record.uid = ::geteuid();
-  record.user = user_of(record.uid);
-  record.host = host_name();
-  record.boot_id = boot_id();
-  record.kind = HolderKind::kProcess;
-  record.holder = self_process_id();
-  record.command = request.command;
-  record.label = request.label;
-  record.started_at = unix_seconds(lease->started_at);
+  const uid_t uid = ::geteuid();
+  record =
+      process_holder_record(lease->id, uid, user_of(uid), host_name(), request, lease->started_at);
   record.memory_bytes = reserved;
   for (const auto& g : lease->gpus) record.gpus.push_back(g.uuid);
   lease->keeper->publish_record(record);

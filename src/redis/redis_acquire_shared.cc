@@ -230,7 +230,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
       const std::string lease_id = make_lease_id();
       const auto started_at = std::chrono::system_clock::now();
       HolderRecord record =
-          process_holder_record(lease_id, user, settings_.host, request, started_at);
+          process_holder_record(lease_id, ::geteuid(), user, settings_.host, request, started_at);
       record.memory_bytes = chosen.front().wanted * kSharedMemoryUnitBytes;
       for (const SharedCandidate& c : chosen) record.gpus.push_back(c.gpu->device.uuid);
       std::string record_json = holder_record_json(record);
