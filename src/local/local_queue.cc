@@ -72,6 +72,7 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
   std::optional<uid_t> last_uid;
   std::string last_user;
   UserLimits last_limits;
+  std::int64_t last_served_at = 0;
   for (std::size_t i = 0; i < snapshot.tickets.size(); ++i) {
     Ticket& t = snapshot.tickets[i];
     // Tickets listed from the index carry only what orders the queue, except our own.
@@ -81,6 +82,8 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
       last_uid = t.uid;
       last_user = user_of(t.uid);  // the name this machine gives the ticket's owner
       last_limits = config_.limits_for(last_user);
+      const auto it = listing.last_served.find(t.uid);
+      last_served_at = it == listing.last_served.end() ? 0 : it->second;
     }
     t.user = last_user;
     PlanRequest r = plan_request_for(t, last_limits);
@@ -92,8 +95,7 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
     // A request that has not registered does not wait yet: the waiting limit is not its
     // concern until it must (acquire() decides then).
     if (newcomer && i + 1 == snapshot.tickets.size()) r.limits.max_waiting.reset();
-    if (const auto it = listing.last_served.find(t.uid); it != listing.last_served.end())
-      r.user_last_served = it->second;
+    r.user_last_served = last_served_at;
     if (!r.details_pending) {
       snapshot.unhealthy_reasons[i] = unhealthy_candidates(t, device_of);
       for (const auto& [uuid, reason] : snapshot.unhealthy_reasons[i]) r.unhealthy.push_back(uuid);

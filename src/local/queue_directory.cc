@@ -28,11 +28,11 @@ constexpr const char* kWakeSuffix = ".wake";
 constexpr mode_t kTicketMode = 0644;  // everyone reads the queue; only the waiter writes
 constexpr mode_t kWakeMode = 0622;    // everyone may wake the waiter
 
-std::string ticket_name(const std::string& id) {
-  return id + kTicketSuffix;
+std::string ticket_name(std::string_view id) {
+  return std::string(id) + kTicketSuffix;
 }
-std::string wake_name(const std::string& id) {
-  return id + kWakeSuffix;
+std::string wake_name(std::string_view id) {
+  return std::string(id) + kWakeSuffix;
 }
 
 // The id in "<id><suffix>", or "" if the name is not of that form.
@@ -352,7 +352,7 @@ QueueDirectory::Listing QueueDirectory::list_index() const {
 
 std::optional<Ticket> QueueDirectory::read_ticket(const IndexEntry& entry) const {
   std::lock_guard<std::mutex> lock(open_tickets_mutex_);
-  auto it = open_tickets_.find(entry.id);
+  auto it = open_tickets_.find(entry.id.view());
   if (it == open_tickets_.end() || it->second.ticket.seq != entry.seq) {
     UniqueFd file(::openat(fd(), ticket_name(entry.id).c_str(),
                            O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));

@@ -151,7 +151,7 @@ class QueueDirectory {
     Ticket ticket;
   };
   mutable std::mutex open_tickets_mutex_;
-  mutable std::map<std::string, OpenTicket> open_tickets_;
+  mutable std::map<std::string, OpenTicket, std::less<>> open_tickets_;
   struct CachedTicket {
     ino_t inode = 0;
     std::optional<Ticket> ticket;

@@ -145,7 +145,7 @@ QueueIndex::Contents QueueIndex::read() const {
     IndexEntry& e = contents.entries.emplace_back();
     e.slot = slot;
     e.seq = raw.seq;
-    e.id.assign(raw.id, sizeof raw.id);
+    e.id = TicketId(std::string_view(raw.id, sizeof raw.id));
     e.uid = raw.uid;
     e.pid = raw.pid;
     e.pid_start = raw.pid_start;
@@ -160,8 +160,10 @@ QueueIndex::Contents QueueIndex::read() const {
   if (!found_free) contents.first_free = static_cast<std::uint32_t>(records > 0 ? records - 1 : 0);
   // Never behind a seq in use, whatever the header says.
   contents.next_seq = std::max(contents.next_seq, highest + 1);
-  std::sort(contents.entries.begin(), contents.entries.end(),
-            [](const IndexEntry& a, const IndexEntry& b) { return a.seq < b.seq; });
+  // Slots are taken first-free, so the table is nearly always in arrival order already.
+  const auto by_seq = [](const IndexEntry& a, const IndexEntry& b) { return a.seq < b.seq; };
+  if (!std::is_sorted(contents.entries.begin(), contents.entries.end(), by_seq))
+    std::sort(contents.entries.begin(), contents.entries.end(), by_seq);
   return contents;
 }
 
@@ -174,7 +176,7 @@ IndexEntry QueueIndex::add(IndexEntry entry, const Contents& contents) {
   entry.seq = contents.next_seq;
   RawSlot raw{};
   raw.seq = entry.seq;
-  std::memcpy(raw.id, entry.id.data(), std::min(entry.id.size(), sizeof raw.id));
+  std::memcpy(raw.id, entry.id.c_str(), std::min(entry.id.size(), sizeof raw.id));
   raw.uid = entry.uid;
   raw.pid = entry.pid;
   raw.pid_start = entry.pid_start;

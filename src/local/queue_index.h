@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gpulock/queue.hpp"
+#include "queue/ticket_id.h"
 #include "util/fd.h"
 
 namespace gpulock {
@@ -31,7 +32,7 @@ class LockDirectory;
 struct IndexEntry {
   std::uint32_t slot = 0;
   std::uint64_t seq = 0;  // arrival order, > 0
-  std::string id;         // the ticket's id (16 hex digits)
+  TicketId id;            // the ticket's id (16 hex digits)
   uid_t uid = 0;          // as registered; the ticket file's owner is checked when it is read
   pid_t pid = 0;
   std::uint64_t pid_start = 0;  // the process's start time, against pid reuse

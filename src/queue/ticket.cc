@@ -69,7 +69,9 @@ std::optional<Ticket> parse_ticket(std::string_view bytes) {
 
   Ticket t;
   std::uint64_t number = 0;
-  if (!string_field(j, "id", 64, t.id) || !is_lease_id(t.id)) return std::nullopt;
+  std::string id;
+  if (!string_field(j, "id", 64, id) || !is_lease_id(id)) return std::nullopt;
+  t.id = id;
   // Bounded so that the next seq (highest + 1) can never wrap, whatever is planted.
   if (!unsigned_field(j, "seq", kMaxSeq, t.seq)) return std::nullopt;
   if (!unsigned_field(j, "uid", UINT32_MAX - 1, number)) return std::nullopt;

@@ -16,11 +16,12 @@
 
 #include "gpulock/queue.hpp"
 #include "process/process_identity.h"
+#include "queue/ticket_id.h"
 
 namespace gpulock {
 
 struct Ticket {
-  std::string id;         // make_lease_id(): also names the files
+  TicketId id;            // make_lease_id(): also names the files
   std::uint64_t seq = 0;  // arrival order on this machine
   uid_t uid = 0;
   std::string user;

@@ -3,6 +3,7 @@
 
 #include <sys/random.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -31,10 +32,16 @@ std::string make_lease_id() {
 
 bool is_lease_id(std::string_view text) {
   if (text.size() != 16) return false;
-  for (char c : text) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
+  // A table and no branch per character: the queue checks thousands of ids per plan.
+  static constexpr std::array<bool, 256> kLowerHex = [] {
+    std::array<bool, 256> table{};
+    for (unsigned char c = '0'; c <= '9'; ++c) table[c] = true;
+    for (unsigned char c = 'a'; c <= 'f'; ++c) table[c] = true;
+    return table;
+  }();
+  bool valid = true;
+  for (const char c : text) valid &= kLowerHex[static_cast<unsigned char>(c)];
+  return valid;
 }
 
 }  // namespace gpulock

@@ -323,6 +323,29 @@ TEST_F(QueueDirectoryTest, ListSortsLiveTicketsBySeqInOrderOfArrival) {
   for (const OwnTicket& own : owners) EXPECT_TRUE(Contains(listing.live, own.ticket().id));
 }
 
+TEST_F(QueueDirectoryTest, IndexListsByArrivalWhenAReusedSlotHoldsALaterArrival) {
+  // Slots are taken first-free: after the first waiter leaves, the fourth takes its slot, so the
+  // table is out of arrival order and the listing must sort it.
+  std::vector<OwnTicket> owners;
+  for (std::uint64_t seq : {1, 2, 3}) owners.push_back(queue_->enter(MakeTicket(seq)));
+  owners.erase(owners.begin());
+  owners.push_back(queue_->enter(MakeTicket(4)));
+  const auto listing = queue_->list_index();
+  std::vector<std::uint64_t> seqs, slots;
+  std::vector<std::string> ids, arrival;
+  for (const IndexEntry& e : listing.index) {
+    seqs.push_back(e.seq);
+    slots.push_back(e.slot);
+    ids.push_back(e.id);
+  }
+  for (const OwnTicket& own : owners) arrival.push_back(own.ticket().id);
+  EXPECT_EQ(seqs, (std::vector<std::uint64_t>{2, 3, 4}));
+  EXPECT_EQ(slots, (std::vector<std::uint64_t>{1, 2, 0}));
+  EXPECT_EQ(ids, arrival);
+  ASSERT_EQ(listing.live.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(listing.live[i].id, arrival[i]);
+}
+
 TEST_F(QueueDirectoryTest, ListingSeesChangesBetweenCalls) {
   OwnTicket a = queue_->enter(MakeTicket(1));
   EXPECT_EQ(queue_->list(false).live.size(), 1u);
@@ -637,7 +660,7 @@ TEST_F(QueueDirectoryTest, NamesThatAreNotLeaseIdsAreIgnored) {
   const Ticket t = MakeTicket(1);
   std::vector<UniqueFd> held;
   for (const std::string& name : std::vector<std::string>{
-           "notanid.ticket", "0123456789ABCDEF.ticket", ".ticket", t.id + ".ticket.tmp"}) {
+           "notanid.ticket", "0123456789ABCDEF.ticket", ".ticket", t.id.str() + ".ticket.tmp"}) {
     WriteFile(QueuePath() / name, serialize_ticket(t));
     held.push_back(HoldLocked(QueuePath() / name));
   }

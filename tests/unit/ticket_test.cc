@@ -1,6 +1,7 @@
 // Queue tickets (src/queue/ticket.h): every field round-trips, and untrusted bytes are rejected.
 #include "queue/ticket.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -106,6 +107,28 @@ bool IsSafeToDisplay(std::string_view text) {
 }
 
 // --- round trip ---------------------------------------------------------------------------
+
+TEST(TicketIdTest, HoldsAnIdInlineAndComparesWithText) {
+  const TicketId id(kId);
+  EXPECT_EQ(id.size(), 16u);
+  EXPECT_EQ(id.view(), kId);
+  EXPECT_STREQ(id.c_str(), kId);
+  EXPECT_EQ(id, std::string(kId));
+  EXPECT_EQ(id, TicketId(std::string_view(kId)));
+  EXPECT_FALSE(id == TicketId("0123456789abcdee"));
+  EXPECT_EQ(fmt::format("[{}]", id), fmt::format("[{}]", kId));
+  EXPECT_EQ(static_cast<std::string>(id), kId);
+}
+
+TEST(TicketIdTest, TextLongerThanAnIdMakesAnEmptyIdThatMatchesNoTicket) {
+  const TicketId id(std::string(17, 'a'));
+  EXPECT_TRUE(id.empty());
+  EXPECT_STREQ(id.c_str(), "");
+  EXPECT_FALSE(id == TicketId(std::string(16, 'a')));
+  TicketId cleared(kId);
+  cleared.clear();
+  EXPECT_TRUE(cleared.empty());
+}
 
 TEST(TicketTest, RoundTripsEveryField) {
   const Ticket original = FullTicket();
