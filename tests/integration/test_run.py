@@ -108,6 +108,34 @@ def test_command_not_executable(gl):
     assert set(gl.states().values()) == {"free"}
 
 
+def test_script_without_interpreter_line_runs_with_sh(gl):
+    # As a shell (and execvp) does: a program the kernel cannot execute is run by /bin/sh.
+    script = gl.tmp / "no-interpreter-line"
+    script.write_text('printf "%s|" "$@"; exit 5\n')
+    os.chmod(script, 0o755)
+    result = gl.run("run", "--", str(script), "one", "two words")
+    assert result.returncode == 5, result.stderr
+    assert result.stdout == "one|two words|"
+    assert set(gl.states().values()) == {"free"}
+
+
+def signal_mask(status_text, field):
+    return int(re.search(r"^%s:\s*([0-9a-f]+)$" % field, status_text, re.M).group(1), 16)
+
+
+def test_command_starts_with_default_signal_dispositions(gl):
+    # Nothing gpulock itself ignores, blocks or handles reaches the command (the CLI ignores
+    # SIGPIPE; glibc's spawn would leave its internal signals 32 and 33 ignored), while what
+    # the caller ignored stays ignored, as across any exec.
+    result = gl.run("run", "--", "cat", "/proc/self/status")
+    assert result.returncode == 0, result.stderr
+    assert signal_mask(result.stdout, "SigIgn") == 0
+    assert signal_mask(result.stdout, "SigBlk") == 0
+    ignoring_int = gl.run("run", "--", "cat", "/proc/self/status",
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert signal_mask(ignoring_int.stdout, "SigIgn") == 1 << (signal.SIGINT - 1)
+
+
 # -- CUDA_VISIBLE_DEVICES in the caller's environment limits the candidates -------------------
 
 def test_cuda_visible_devices_limits_count_request(gl):
