@@ -2,11 +2,9 @@
 // the machine-wide acquire mutex, in the queue's order, and waiting without polling.
 #include "local/local_backend.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <functional>
 #include <map>
 #include <set>
 #include <span>
@@ -50,57 +48,6 @@ constexpr std::size_t kDispatchers = 3;
 // so that the backups then find every GPU held and need not plan at all; short enough to hand
 // a GPU on quickly when the oldest waiter is stopped.
 constexpr std::chrono::milliseconds kBackupDelay{20};
-
-// Wakes waiters once the acquire mutex is released, not while it is held: a wake is an open,
-// fstat, write and close of a FIFO, plans ask for several (under 4-GPU churn about ten per
-// lease, most to waiters already awake), and the woken must take the mutex to act anyway.
-// Declared before the mutex hold, so that it runs after the hold's destructor on every way out
-// of the block (served, planned again, waiting, thrown).
-class WakesAfterUnlock {
- public:
-  // `queue` finds the queue directory when the wakes are made (it may be made meanwhile).
-  explicit WakesAfterUnlock(std::function<QueueDirectory*()> queue) : queue_(std::move(queue)) {}
-  WakesAfterUnlock(const WakesAfterUnlock&) = delete;
-  WakesAfterUnlock& operator=(const WakesAfterUnlock&) = delete;
-  ~WakesAfterUnlock() {
-    if (pending_.empty()) return;
-    // Outside the mutex a woken waiter may close its FIFO between our open and our write (it
-    // was served, timed out or was interrupted): the write then raises SIGPIPE, which must
-    // neither kill this process nor reach its handlers. Blocked here, and taken back if raised.
-    sigset_t pipe_signal, old_mask, pending;
-    ::sigemptyset(&pipe_signal);
-    ::sigaddset(&pipe_signal, SIGPIPE);
-    const bool was_pending = ::sigpending(&pending) == 0 && ::sigismember(&pending, SIGPIPE);
-    ::pthread_sigmask(SIG_BLOCK, &pipe_signal, &old_mask);
-    try {
-      if (QueueDirectory* queue = queue_())
-        for (const auto& [id, reason] : pending_) queue->wake(id, reason);
-    } catch (...) {  // best effort, as a wake always is: the woken re-check on their own
-    }
-    if (!was_pending && ::sigpending(&pending) == 0 && ::sigismember(&pending, SIGPIPE)) {
-      const timespec now{};
-      ::sigtimedwait(&pipe_signal, nullptr, &now);
-    }
-    ::pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
-  }
-  void wake(const std::string& id, WakeReason reason = WakeReason::kPlan) {
-    for (const auto& [pending, why] : pending_)
-      if (pending == id && why == reason) return;
-    pending_.emplace_back(id, reason);
-  }
-  // The first waiter that arrived after `seq`, as QueueDirectory::wake_successor finds it.
-  void wake_successor(std::uint64_t seq, std::span<const IndexEntry> index) {
-    for (const IndexEntry& e : index)
-      if (e.seq > seq) {
-        wake(e.id);
-        return;
-      }
-  }
-
- private:
-  std::function<QueueDirectory*()> queue_;
-  std::vector<std::pair<std::string, WakeReason>> pending_;
-};
 
 }  // namespace
 
@@ -178,17 +125,17 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   // The waiters that follow releases (the oldest kDispatchers), as this waiter last saw them.
   // Whoever sees a waiter join that pair wakes it, since nothing else tells it of its new role.
   std::vector<std::string> seen_dispatchers;
-  const auto tell_new_dispatchers = [&](std::span<const Ticket> live, bool leaving,
-                                        WakesAfterUnlock& wakes) {
+  const auto tell_new_dispatchers = [&](std::span<const Ticket> live, bool leaving) {
     std::vector<std::string> now;
     for (const Ticket& t : live) {
       if (now.size() == kDispatchers) break;
       if (!(leaving && t.id == wanted.id)) now.push_back(t.id);
     }
+    QueueDirectory* queue = queue_dir(false);
     for (const auto& id : now)
-      if (id != wanted.id &&
+      if (queue && id != wanted.id &&
           std::find(seen_dispatchers.begin(), seen_dispatchers.end(), id) == seen_dispatchers.end())
-        wakes.wake(id, WakeReason::kDispatcher);
+        queue->wake(id, WakeReason::kDispatcher);
     seen_dispatchers = std::move(now);
   };
   std::string last_progress;
@@ -260,8 +207,6 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
                            !shared_in_queue && every_gpu_held(devices);
     recheck_cheaply = false;
     if (!skip_plan) {
-      // Destroyed after `held`: see the class.
-      WakesAfterUnlock wakes([this] { return queue_dir(false); });
       const AcquireMutexHold held = hold_acquire_mutex(deadline, start);
 
       // The ring watcher learnt that the waiter before it ended: its slot goes now.
@@ -362,7 +307,8 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       for (const Placement& placement : snapshot.plan.order)
         if ((placement.standing == QueueStanding::kNext || placement.may_enter) &&
             placement.request != me)
-          wakes.wake(snapshot.tickets[placement.request].id);
+          if (QueueDirectory* queue = queue_dir(false))
+            queue->wake(snapshot.tickets[placement.request].id);
 
       const Placement& mine = snapshot.plan.of(me);
       if (mine.standing == QueueStanding::kNext) {
@@ -385,12 +331,12 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         }
         if (lease) {
           if (ticket) {
-            tell_new_dispatchers(live, /*leaving=*/true, wakes);
+            tell_new_dispatchers(live, /*leaving=*/true);
             // The waiter after us watched our process; a dispatcher hears our departure anyway
             // (and re-wires when our process ends), others must be told.
             std::size_t k = 0;
             while (k < live.size() && live[k].id != wanted.id) ++k;
-            if (k >= kDispatchers) wakes.wake_successor(ticket.ticket().seq, listing.index);
+            if (k >= kDispatchers) queue_dir(false)->wake_successor(ticket.ticket().seq, &listing);
           }
           ticket.leave();
           note_served(uid);
@@ -438,7 +384,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         QueueDirectory& queue = *queue_dir(true);
         std::size_t k = 0;
         while (k < live.size() && live[k].id != wanted.id) ++k;
-        tell_new_dispatchers(live, /*leaving=*/false, wakes);
+        tell_new_dispatchers(live, /*leaving=*/false);
         // The three oldest waiters follow releases and departures, so that stopped waiters
         // (Ctrl-Z stops a script's whole process group) cannot hold up everyone's hand-offs
         // unless three are stopped; the others sleep until someone wakes them.
