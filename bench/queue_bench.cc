@@ -725,7 +725,9 @@ Options parse_options(int argc, char** argv) {
       o.scale.clear();
       std::istringstream sizes(value);
       for (int n = 0; sizes >> n;) o.scale.push_back(n);
-      if (o.scale.empty()) usage();
+      if (o.scale.empty() || !sizes.eof() ||
+          std::any_of(o.scale.begin(), o.scale.end(), [](int n) { return n < 1; }))
+        usage();
     } else
       usage();
   }
