@@ -1,9 +1,13 @@
 // The fair queue (issue 3) with real processes: hand-off latency with 64 waiters, idle waiters'
-// CPU and wake-ups, leases per second. Workers are this program re-executed (`--worker`), each
+// CPU and wake-ups, leases per second; and churn at 64, 256 and 1,024 processes against the same
+// churn on bare flock(2) locks (issue 12). Workers are this program re-executed (`--worker`), each
 // using GpuPool::open() on simulated GPUs in a scratch GPULOCK_DIR. See docs/benchmarks.md.
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +22,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -87,10 +92,65 @@ void write_records(const std::string& path, const std::vector<Record>& records) 
 //   once:  acquire 1 GPU, release it at once (or after 0..max_hold_us, uniformly), exit.
 //   churn: acquire 1 GPU and release at once, again and again, until a lease starts after the
 //          end time (read from `end_file` after the first lease).
+//   flock-hold, flock-churn: the kernel's floor for the same churn, without gpulock: files
+//          flock-0 .. flock-3 in GPULOCK_DIR stand for the 4 GPUs; the holder flock(2)s all of
+//          them, and worker i loops blocking flock(LOCK_EX) / flock(LOCK_UN) on file i % 4.
 // Lease times are kept in memory and written to `records_path` at exit (not sent one by one, so
 // that the parent need not run during the measurement).
+// The flock(2) file standing for simulated GPU `gpu` (flock-hold, flock-churn); it stays open
+// until the worker exits.
+int open_flock_file(int gpu) {
+  const char* dir = std::getenv("GPULOCK_DIR");
+  if (dir) ::mkdir(dir, 0755);  // gpulock would make it; nobody has
+  const std::string path = std::string(dir ? dir : ".") + "/flock-" + std::to_string(gpu);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot open " + path);
+  return fd;
+}
+
+// Reads the end of the measurement window once it is there (after the first lease).
+std::int64_t read_end(const std::string& end_file) {
+  std::int64_t end = -1;
+  std::ifstream in(end_file);
+  in >> end;
+  return in ? end : -1;
+}
+
+int flock_worker_main(const std::string& kind, int index, unsigned count,
+                      const std::string& records_path, const std::string& end_file) {
+  std::vector<Record> records;
+  if (kind == "flock-hold") {
+    for (unsigned g = 0; g < count; ++g)
+      if (::flock(open_flock_file(static_cast<int>(g)), LOCK_EX) != 0) return 5;
+    send(Message{index, kAcquired, -1, 0, now_ns()});
+    command();
+    return 0;  // the locks go with the descriptors
+  }
+  const int gpu = index % 4;
+  const int fd = open_flock_file(gpu);
+  std::int64_t end = -1;
+  while (true) {
+    if (::flock(fd, LOCK_EX) != 0) return 5;
+    Record r;
+    r.t_acq = now_ns();
+    r.worker = index;
+    r.pid = ::getpid();
+    r.waited = 1;
+    r.gpu = gpu;
+    r.t_rel = now_ns();
+    if (::flock(fd, LOCK_UN) != 0) return 5;
+    records.push_back(r);
+    if (end < 0 && (end = read_end(end_file)) < 0) return 4;
+    if (r.t_acq >= end) break;
+  }
+  write_records(records_path, records);
+  return 0;
+}
+
 int worker_main(const std::string& kind, int index, unsigned count, const std::string& records_path,
                 const std::string& end_file, std::int64_t max_hold_us) {
+  if (kind.starts_with("flock-"))
+    return flock_worker_main(kind, index, count, records_path, end_file);
   gpulock::GpuPool pool = gpulock::GpuPool::open();
   gpulock::LeaseRequest request;
   request.count = count;
@@ -459,8 +519,8 @@ struct DrainResult {
 // Worker 0: holds every GPU from construction until release(), so that the others queue.
 class AllGpusHolder {
  public:
-  AllGpusHolder(Machine& machine, unsigned gpus) {
-    pid_ = machine.spawn("hold", 0, gpus, report_.write_end, command_.read_end);
+  AllGpusHolder(Machine& machine, unsigned gpus, const std::string& kind = "hold") {
+    pid_ = machine.spawn(kind, 0, gpus, report_.write_end, command_.read_end);
     Message m;
     if (!gpulock_bench::read_all_within(report_.read_end, &m, sizeof m, 30'000))
       throw std::runtime_error("the holder did not acquire");
@@ -532,16 +592,35 @@ struct ChurnResult {
   std::size_t min_per_process = 0, max_per_process = 0;
   double median_per_process = 0, jain = 0;
   double voluntary_per_lease = 0, cpu_per_lease_us = 0;
+  // The longest a GPU stayed free between a release and its next lease, in the window (ms).
+  double max_idle_ms = 0;
 };
 
-ChurnResult run_churn(unsigned gpus, int processes, double seconds, double warm_up) {
+// Per GPU, the longest time from a release to the next lease of that GPU, for leases in
+// [from, to), in ms. Under churn someone always waits, so this is free-GPU idle time.
+double max_idle_ms(std::vector<Record> records, std::int64_t from, std::int64_t to) {
+  std::sort(records.begin(), records.end(), [](const Record& a, const Record& b) {
+    return a.gpu != b.gpu ? a.gpu < b.gpu : a.t_acq < b.t_acq;
+  });
+  std::int64_t longest = 0;
+  for (std::size_t i = 1; i < records.size(); ++i)
+    if (records[i].gpu == records[i - 1].gpu && records[i].t_acq >= from && records[i].t_acq < to)
+      longest = std::max(longest, records[i].t_acq - records[i - 1].t_rel);
+  return static_cast<double>(longest) / kMs;
+}
+
+// `processes` processes churn through `gpus` GPUs: through gpulock (kind "churn"), or through
+// bare flock(2) files (kind "flock-churn", 4 GPUs), the kernel's floor for the same churn.
+ChurnResult run_churn(unsigned gpus, int processes, double seconds, double warm_up,
+                      const std::string& kind = "churn") {
+  const bool floor = kind == "flock-churn";
   Machine machine(gpus);
-  AllGpusHolder holder(machine, gpus);
+  AllGpusHolder holder(machine, gpus, floor ? "flock-hold" : "hold");
   std::vector<pid_t> workers;
-  for (int i = 1; i <= processes; ++i) workers.push_back(machine.spawn("churn", i, 1, -1, -1));
+  for (int i = 1; i <= processes; ++i) workers.push_back(machine.spawn(kind, i, 1, -1, -1));
   std::vector<pid_t> all = workers;
   all.push_back(holder.pid());
-  std::vector<ProcSample> before = machine.settle(all, processes);
+  std::vector<ProcSample> before = machine.settle(all, floor ? 0 : processes);
 
   const std::int64_t start = now_ns();
   const std::int64_t from = start + static_cast<std::int64_t>(warm_up * kSecond);
@@ -558,6 +637,7 @@ ChurnResult run_churn(unsigned gpus, int processes, double seconds, double warm_
   ChurnResult r;
   r.seconds = seconds;
   r.latency = latency_of(handoffs(records, from, to));
+  r.max_idle_ms = max_idle_ms(records, from, to);
   std::map<int, std::size_t> per_process;
   for (int i = 1; i <= processes; ++i) per_process[i] = 0;
   std::size_t all_leases = 0;
@@ -604,15 +684,18 @@ struct Options {
   double churn_seconds = 5;
   double warm_up = 0.5;
   std::int64_t max_hold_us = 2000;  // the third drain variant holds each lease 0..this long
-  std::string only;                 // steps, drain, idle, churn, throughput; "" = all
+  std::string only;                 // steps, drain, idle, churn, throughput, scale; "" = all
+  std::vector<int> scale = {64, 256, 1024};  // processes in the scale part's churn runs
 };
 
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "usage: queue_bench [--waiters N] [--steps N] [--rounds N] [--idle-seconds S]\n"
-               "                   [--churn-seconds S] [--only steps|drain|idle|churn|throughput]\n"
+               "                   [--churn-seconds S] [--only "
+               "steps|drain|idle|churn|throughput|scale]\n"
                "                   [--hold-us N] [--verbose MS (list hand-offs slower than MS on "
-               "stderr)]\n");
+               "stderr)]\n"
+               "                   [--scale \"64 256 1024\" (processes in the scale part)]\n");
   std::exit(2);
 }
 
@@ -638,14 +721,53 @@ Options parse_options(int argc, char** argv) {
       o.max_hold_us = std::stoll(value);
     else if (arg == "--verbose")
       g_show_slower_ms = std::stod(value);
-    else
+    else if (arg == "--scale") {
+      o.scale.clear();
+      std::istringstream sizes(value);
+      for (int n = 0; sizes >> n;) o.scale.push_back(n);
+      if (o.scale.empty() || !sizes.eof() ||
+          std::any_of(o.scale.begin(), o.scale.end(), [](int n) { return n < 1; }))
+        usage();
+    } else
       usage();
   }
   return o;
 }
 
+// Issue 12: churn through 4 GPUs at each size, in process through the library, side by side with
+// the same processes churning on bare flock(2) files (the floor), each pair in turn.
+void run_scale(const Options& o) {
+  std::printf(
+      "\n5. Churn at scale, 4 GPUs, each process acquiring 1 GPU in process and releasing at "
+      "once, %.0f s,\n   against the same processes on 4 flock(2) files (aims: >= 2,000 "
+      "leases/s at 64, no fall with N;\n   free-GPU idle time while someone waits <= 20 ms)\n",
+      o.churn_seconds);
+  std::printf("  %-6s %-8s %9s %10s %9s %7s %9s %9s %11s\n", "procs", "what", "leases/s",
+              "CPU/lease", "Jain", "ratio", "p50 ms", "p99 ms", "max idle ms");
+  std::fflush(stdout);
+  for (int processes : o.scale) {
+    const ChurnResult lib = run_churn(4, processes, o.churn_seconds, o.warm_up);
+    const ChurnResult floor = run_churn(4, processes, o.churn_seconds, o.warm_up, "flock-churn");
+    const double lib_rate = static_cast<double>(lib.leases) / lib.seconds;
+    const double floor_rate = static_cast<double>(floor.leases) / floor.seconds;
+    const auto row = [&](const char* what, const ChurnResult& r, double rate, double ratio) {
+      std::printf("  %-6d %-8s %9.0f %8.0f us %9.3f %7.2f %9.3f %9.3f %11.2f\n", processes, what,
+                  rate, r.cpu_per_lease_us, r.jain, ratio, r.latency.p50, r.latency.p99,
+                  r.max_idle_ms);
+    };
+    row("gpulock", lib, lib_rate, floor_rate > 0 ? floor_rate / lib_rate : 0);
+    row("flock", floor, floor_rate, 1.0);
+    std::fflush(stdout);
+  }
+  std::printf(
+      "  (ratio: flock's leases/s over gpulock's, same run; idle: longest release -> "
+      "next lease of a GPU)\n");
+}
+
 int bench_main(const Options& o) {
-  const auto wanted = [&](const char* name) { return o.only.empty() || o.only == name; };
+  const auto wanted = [&](const char* name) {
+    return o.only.empty() ? std::string_view(name) != "scale" : o.only == name;
+  };
   std::printf("gpulock queue benchmarks: %d waiting processes, simulated GPUs, %ld CPUs\n\n",
               o.waiters, ::sysconf(_SC_NPROCESSORS_ONLN));
   std::fflush(stdout);
@@ -775,6 +897,7 @@ int bench_main(const Options& o) {
         o.waiters + 1, churn1->leases, static_cast<double>(churn1->leases) / churn1->seconds,
         churn1->min_per_process, churn1->max_per_process);
   }
+  if (wanted("scale")) run_scale(o);
   return 0;
 }
 
