@@ -122,9 +122,12 @@ class RedisScriptsTest : public ::testing::Test {
   RedisValue Snapshot(const std::string& host = "") {
     return conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {host});
   }
+  // The seq the entry got (the script replies {seq, whether a given version was unchanged}).
   RedisValue Enter(const std::string& ticket, long long ttl_ms = 60000) {
-    return conn_->run(redis_scripts::kEnter, {keys_.version()},
-                      {ticket, std::to_string(ttl_ms), "{\"body\":1}", "waiter"});
+    return conn_
+        ->run(redis_scripts::kEnter, {keys_.version()},
+              {ticket, std::to_string(ttl_ms), "{\"body\":1}", "waiter"})
+        .elements.at(0);
   }
   // The lock value the snapshot reports for `uuid` ("?" when not listed).
   std::string SnapshotLock(const std::string& uuid) {
