@@ -79,8 +79,12 @@ void IdleTracker::save() const {
   // Written beside the record and renamed over it, so a reader never sees half a file.
   std::error_code ignored;
   std::filesystem::create_directories(record_.parent_path(), ignored);
-  const std::filesystem::path temporary =
-      record_.parent_path() / ("." + record_.filename().string() + "." + make_lease_id());
+  // Appended in steps: g++ 12 at -O3 warns falsely (-Wrestrict) about "." + std::string&&.
+  std::string temporary_name = ".";
+  temporary_name += record_.filename().string();
+  temporary_name += '.';
+  temporary_name += make_lease_id();
+  const std::filesystem::path temporary = record_.parent_path() / temporary_name;
   UniqueFd fd(
       ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!fd) return;

@@ -314,13 +314,21 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         std::string ticket_hosts;
         if (!any_host)
           for (const auto& host : hosts) ticket_hosts += host + "\n";
-        connection->run(redis_scripts::kEnter, {settings_.version_key()},
-                        {wanted.id, std::to_string(kTicketTtl.count()), serialize_ticket(wanted),
-                         user, ticket_hosts});
+        const RedisValue entered =
+            connection->run(redis_scripts::kEnter, {settings_.version_key()},
+                            {wanted.id, std::to_string(kTicketTtl.count()),
+                             serialize_ticket(wanted), user, ticket_hosts, snap.version});
         ticket.id = wanted.id;
         has_waited = true;
         next_heartbeat = Clock::now() + kHeartbeat;
-        continue;
+        // Nothing changed between the snapshot and the entry (the version had not moved): the
+        // queue is the one just planned, with this request at its back, so that plan stands and
+        // this request goes to sleep without reading the queue again. A user under a
+        // max_waiting limit plans again: the plan above let the newcomer past the limit.
+        const bool planned_queue_stands = entered.elements.size() == 2 &&
+                                          entered.elements[1].integer == 1 &&
+                                          !config_.limits_for(user).max_waiting.has_value();
+        if (!planned_queue_stands) continue;
       }
 
       // 3. Not served now: explain why, then sleep until something changes.

@@ -155,8 +155,9 @@ std::vector<DoctorCheck> RedisBackend::doctor() {
       if (!count) {
         unusable.push_back(fmt::format(
             "{}{} holds {}", settings_.prefix(), name,
-            value.is_error() ? std::string("a value of the wrong type")
-                             : "'" + sanitize_for_display(value.text, 40) + "', not a count"));
+            value.is_error()
+                ? std::string("a value of the wrong type")
+                : fmt::format("'{}', not a count", sanitize_for_display(value.text, 40))));
       } else if (!last || *count > *last) {
         last = count;
       }

@@ -314,6 +314,28 @@ if removed then
 end
 
 local hosts_out, gpus_out, leases_out, elsewhere_out = {}, {}, {}, {}
+-- The lock values of a host's GPUs, as get() reads each: one MGET per 256 GPUs, not a GET
+-- each. MGET reads a key of another type as missing; EXISTS, which counts keys of every type,
+-- tells when one is there, and get() then reads the missing ones one by one.
+local function lock_values(uuids)
+  local out = {}
+  for first = 1, #uuids, 256 do
+    local keys = {}
+    for i = first, math.min(#uuids, first + 255) do keys[#keys + 1] = P .. 'lock:' .. uuids[i] end
+    local values = redis.call('MGET', unpack(keys))
+    local found = 0
+    for i = 1, #keys do
+      if values[i] then found = found + 1 end
+    end
+    local other_types = found < #keys and redis.call('EXISTS', unpack(keys)) > found
+    for i = 1, #keys do
+      local v = values[i]
+      if not v then v = other_types and get(keys[i]) or '' end
+      out[first + i - 1] = v
+    end
+  end
+  return out
+end
 local listed = {}
 if whole then
   local hosts = redis.pcall('ZRANGE', P .. 'hosts', 0, -1, 'WITHSCORES')
@@ -341,34 +363,37 @@ for _, entry in ipairs(listed) do
   local uuids = redis.pcall('SMEMBERS', P .. 'gpus:' .. host)
   if uuids.err then uuids = {} end
   table.sort(uuids)
-  for _, uuid in ipairs(uuids) do
+  local locks = lock_values(uuids)
+  for i, uuid in ipairs(uuids) do
     local g = hmget(P .. 'gpu:' .. uuid, 'host', 'info', 'readings', 'read_at')
     if g[1] == host then
-      local lock_key = P .. 'lock:' .. uuid
-      local lock = get(lock_key)
+      local lock = locks[i]
       local ttl = -2  -- no key: only a held GPU's lock has a TTL worth asking for
-      if lock ~= '' then ttl = redis.call('PTTL', lock_key) end
-      local holders, shares = {}, {}
+      if lock ~= '' then ttl = redis.call('PTTL', P .. 'lock:' .. uuid) end
+      local holders, shares = nil, ''
       if lock == SHARED_MARK then
+        local lines = {}
+        holders = {}
         for _, r in ipairs(live_shares(uuid, false)) do
-          table.insert(holders, r[1])
-          table.insert(shares, r[1] .. ' ' .. string.format('%d %d', r[2], r[3] - now_ms))
+          holders[#holders + 1] = r[1]
+          lines[#lines + 1] = r[1] .. ' ' .. string.format('%d %d', r[2], r[3] - now_ms)
         end
+        shares = table.concat(lines, '\n')
       elseif lock ~= '' and lock ~= '!garbage' then
         holders = {lock}
       end
-      for _, v in ipairs({uuid, host, g[2] or '', g[3] or '', g[4] or '', lock, ttl,
-                          table.concat(shares, '\n')}) do
-        table.insert(gpus_out, v)
-      end
-      for _, holder in ipairs(holders) do
+      local n = #gpus_out
+      gpus_out[n + 1], gpus_out[n + 2], gpus_out[n + 3], gpus_out[n + 4] =
+        uuid, host, g[2] or '', g[3] or ''
+      gpus_out[n + 5], gpus_out[n + 6], gpus_out[n + 7], gpus_out[n + 8] =
+        g[4] or '', lock, ttl, shares
+      for _, holder in ipairs(holders or {}) do
         if not seen[holder] then
           seen[holder] = true
           local lease = hmget(P .. 'lease:' .. holder, 'record', 'token')
-          for _, v in ipairs({holder, lease[1] or '', lease[2] or '',
-                              redis.call('PTTL', P .. 'lease:' .. holder)}) do
-            table.insert(leases_out, v)
-          end
+          local m = #leases_out
+          leases_out[m + 1], leases_out[m + 2], leases_out[m + 3], leases_out[m + 4] =
+            holder, lease[1] or '', lease[2] or '', redis.call('PTTL', P .. 'lease:' .. holder)
         end
       end
     end
@@ -655,6 +680,14 @@ return renew_lease(id, ttl, ARGV[5], ARGV[3],
 )lua"};
 
 const RedisScript kEnter{"enter", GPULOCK_LUA_PRELUDE R"lua(
+-- ARGV[6], if given, is the version of the caller's snapshot: the reply says whether the pool
+-- was still that one (so that the caller's plan, with itself at the back, stands).
+local unchanged = 0
+if ARGV[6] and ARGV[6] ~= '' then
+  local version = get(P .. 'version')
+  if version == '' then version = '0' end
+  if version == ARGV[6] then unchanged = 1 end
+end
 local seq = redis.pcall('INCR', P .. 'queue_seq')
 if type(seq) == 'table' then
   redis.call('SET', P .. 'queue_seq', '1')
@@ -667,7 +700,7 @@ redis.call('HSET', P .. 'ticket:' .. ARGV[1], 'body', ARGV[3], 'user', ARGV[4], 
            ARGV[5] or '', 'run', (server_run()))
 redis.call('PEXPIRE', P .. 'ticket:' .. ARGV[1], tonumber(ARGV[2]))
 bump('enter')
-return seq
+return {seq, unchanged}
 )lua"};
 
 const RedisScript kLeave{"leave", GPULOCK_LUA_PRELUDE R"lua(

@@ -88,7 +88,8 @@ extern const RedisScript kAcquireShared;
 extern const RedisScript kRenewShared;
 
 // ARGV: ticket id, ttl ms, body (JSON), user, hosts it may be served from (each followed by a
-// newline; "" = any). Joins the queue at the back; returns the seq.
+// newline; "" = any), and optionally the version of the caller's snapshot. Joins the queue at
+// the back; returns {seq, 1 if the version was still the snapshot's before this entry, else 0}.
 extern const RedisScript kEnter;
 
 // ARGV: ticket id. Leaves the queue, and wakes the first two waiters (wake:ID lists).

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 namespace gpulock {
@@ -435,7 +436,7 @@ TEST(HolderRecordTest, RefusesTooManyListEntries) {
 
   j = SampleJson();
   j["gpus"] = json::array();
-  for (int i = 0; i < 65; ++i) j["gpus"].push_back("G" + std::to_string(i));
+  for (int i = 0; i < 65; ++i) j["gpus"].push_back(fmt::format("G{}", i));
   EXPECT_FALSE(ParseJson(j).has_value());
 }
 

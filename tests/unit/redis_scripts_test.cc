@@ -122,9 +122,12 @@ class RedisScriptsTest : public ::testing::Test {
   RedisValue Snapshot(const std::string& host = "") {
     return conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {host});
   }
+  // The seq the entry got (the script replies {seq, whether a given version was unchanged}).
   RedisValue Enter(const std::string& ticket, long long ttl_ms = 60000) {
-    return conn_->run(redis_scripts::kEnter, {keys_.version()},
-                      {ticket, std::to_string(ttl_ms), "{\"body\":1}", "waiter"});
+    return conn_
+        ->run(redis_scripts::kEnter, {keys_.version()},
+              {ticket, std::to_string(ttl_ms), "{\"body\":1}", "waiter"})
+        .elements.at(0);
   }
   // The lock value the snapshot reports for `uuid` ("?" when not listed).
   std::string SnapshotLock(const std::string& uuid) {
@@ -1025,6 +1028,51 @@ TEST_F(RedisScriptsTest, NoSharedLeaseStartsWhileATicketWaitsAndTheCapCounts) {
   ASSERT_EQ(TakeShared("lease-sb", {U(0)}, 1, 1, 60000, "2").at(0), "ok");
   EXPECT_EQ(TakeShared("lease-sc", {U(0)}, 1, 1, 60000, "2"), (std::vector<std::string>{"busy"}));
   EXPECT_EQ(TakeShared("lease-sc", {U(0)}, 1, 1, 60000, "3").at(0), "ok");
+}
+
+TEST_F(RedisScriptsTest, TheSnapshotReadsEachLockOfAHostAsItsValueOrGarbage) {
+  // One host's locks are read together (MGET, and EXISTS to find keys of another type): each
+  // GPU still gets its own value, whatever its neighbours hold.
+  Register("h1", 5);
+  AcquireArgs a;
+  a.lease_id = "lease-m";
+  a.expected_version = Version();
+  a.candidates = {U(0)};
+  ASSERT_EQ(Texts(Acquire(a)).at(0), "ok");
+  Cmd({"SET", keys_.lock(U(1)), "hello world"});
+  Cmd({"HSET", keys_.lock(U(2)), "not", "a lease"});
+  Cmd({"RPUSH", keys_.lock(U(4)), "a list"});
+  EXPECT_EQ(SnapshotLock(U(0)), "lease-m");
+  EXPECT_EQ(SnapshotLock(U(1)), "hello world");
+  EXPECT_EQ(SnapshotLock(U(2)), "!garbage");
+  EXPECT_EQ(SnapshotLock(U(3)), "");
+  EXPECT_EQ(SnapshotLock(U(4)), "!garbage");
+  // Without keys of another type, free GPUs read as free.
+  Cmd({"DEL", keys_.lock(U(2)), keys_.lock(U(4))});
+  EXPECT_EQ(SnapshotLock(U(2)), "");
+  EXPECT_EQ(SnapshotLock(U(4)), "");
+  EXPECT_EQ(SnapshotLock(U(0)), "lease-m");
+}
+
+TEST_F(RedisScriptsTest, EnterSaysWhetherThePoolWasStillTheCallersSnapshot) {
+  Register("h1", 1);
+  const std::string before = Version();
+  RedisValue r = conn_->run(redis_scripts::kEnter, {keys_.version()},
+                            {"ticket-a", "60000", "{\"body\":1}", "waiter", "", before});
+  ASSERT_EQ(r.elements.size(), 2u);
+  EXPECT_EQ(r.elements[0].integer, 1);
+  EXPECT_EQ(r.elements[1].integer, 1);
+  // The entry moved the version: a second entry made from the same snapshot is told.
+  r = conn_->run(redis_scripts::kEnter, {keys_.version()},
+                 {"ticket-b", "60000", "{\"body\":1}", "waiter", "", before});
+  ASSERT_EQ(r.elements.size(), 2u);
+  EXPECT_EQ(r.elements[0].integer, 2);
+  EXPECT_EQ(r.elements[1].integer, 0);
+  // Without a version, nothing is claimed.
+  r = conn_->run(redis_scripts::kEnter, {keys_.version()},
+                 {"ticket-c", "60000", "{\"body\":1}", "waiter", ""});
+  ASSERT_EQ(r.elements.size(), 2u);
+  EXPECT_EQ(r.elements[1].integer, 0);
 }
 
 }  // namespace
