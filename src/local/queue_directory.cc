@@ -18,6 +18,7 @@
 #include "local/fork_guard.h"
 #include "local/gpu_lock_file.h"
 #include "util/fd.h"
+#include "util/quiet_pipe_write.h"
 #include "util/random_id.h"
 
 namespace gpulock {
@@ -316,7 +317,8 @@ void QueueDirectory::wake(const std::string& ticket_id, WakeReason reason) const
   struct stat st {};
   if (::fstat(fifo.get(), &st) != 0 || !S_ISFIFO(st.st_mode)) return;
   const char byte = static_cast<char>(reason);
-  [[maybe_unused]] const ssize_t ignored = ::write(fifo.get(), &byte, 1);  // full: already woken
+  // Full: already woken. Gone since the open (it left): EPIPE, and no SIGPIPE to kill us.
+  [[maybe_unused]] const ssize_t ignored = quiet_pipe_write(fifo.get(), &byte, 1);
 }
 
 QueueIndex& QueueDirectory::index() const {
