@@ -1,6 +1,7 @@
 // NvmlDeviceSource: the DeviceSource of real machines, reading GPUs from the NVIDIA driver.
 //
-// Every query goes through nvml::Library, under one mutex (NVML handles are shared state).
+// Every query goes through nvml::Library, under one mutex (NVML handles are shared state), and
+// with every signal blocked: threads the driver starts take none (see util/signals_blocked.h).
 // Fields the driver will not give (NOT_SUPPORTED, NO_PERMISSION, an entry point missing from an
 // old driver, ...) are left unset; only a failure to enumerate GPUs at all throws. A GPU whose
 // handle or UUID cannot be read is skipped: without a UUID it cannot be locked.
@@ -23,6 +24,7 @@
 #include "devices/nvml_library.h"
 #include "gpulock/device_source.hpp"
 #include "gpulock/error.hpp"
+#include "util/signals_blocked.h"
 
 namespace gpulock {
 namespace {
@@ -72,6 +74,7 @@ class NvmlDeviceSource final : public DeviceSource {
 
   std::vector<Device> devices() override {
     std::lock_guard<std::mutex> lock(mutex_);
+    const SignalsBlocked for_driver_threads;  // threads the driver starts now take no signal
     return read_devices_locked(/*details=*/true);
   }
 
@@ -227,6 +230,7 @@ std::vector<GpuProcess> NvmlDeviceSource::mig_processes_locked(
 
 int NvmlDeviceSource::distance(const std::string& uuid_a, const std::string& uuid_b) {
   std::lock_guard<std::mutex> lock(mutex_);
+  const SignalsBlocked for_driver_threads;
   if (uuid_a == uuid_b) return kSameBoard;
   if (!parent_of_.contains(uuid_a) || !parent_of_.contains(uuid_b)) {
     try {

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "gpulock/error.hpp"
+#include "util/signals_blocked.h"
 
 namespace gpulock::nvml {
 namespace {
@@ -154,6 +155,9 @@ Result<unsigned> read_unsigned(nvmlDeviceGetUnsigned_fn fn, nvmlDevice_t device)
 }  // namespace
 
 Library::Library(const std::string& path) : path_(path) {
+  // The driver starts threads of its own (nvmlInit does, with driver 580): they must take none
+  // of the signals the program blocks to read from a signalfd (util/signals_blocked.h).
+  const SignalsBlocked for_driver_threads;
   handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle_ == nullptr) {
     const char* why = dlerror();
@@ -181,6 +185,7 @@ Library::Library(const std::string& path) : path_(path) {
 }
 
 Library::~Library() {
+  const SignalsBlocked for_driver_threads;
   if (shutdown_ != nullptr) shutdown_();
   dlclose(handle_);
 }

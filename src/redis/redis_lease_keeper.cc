@@ -13,6 +13,7 @@
 
 #include "gpulock/error.hpp"
 #include "redis/redis_scripts.h"
+#include "util/signals_blocked.h"
 #include "util/strings.h"
 
 namespace gpulock {
@@ -62,12 +63,9 @@ void RedisLeaseKeeper::start() {
   }
   // The thread takes no signals: they belong to the program (run_command reads them from a
   // signalfd; a Python program handles them in its main thread).
-  sigset_t all, previous;
-  sigfillset(&all);
-  ::pthread_sigmask(SIG_SETMASK, &all, &previous);
+  const SignalsBlocked for_the_thread;
   thread_ = std::make_unique<std::thread>([this] { run(); });
   thread_process_ = ::getpid();
-  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
 }
 
 void RedisLeaseKeeper::stop() {

@@ -34,11 +34,16 @@
  *                                       (func matches with or without a _vN suffix)
  *   quirk v3_stride=16|24|32            (entry size _v3 writes; NVIDIA documents 24)
  *   quirk stale_count=1                 (the count query reports one process too few)
+ *   quirk thread=1                      (nvmlInit starts a helper thread that lives on, as the
+ *                                       real driver's does; it sleeps and takes the signals its
+ *                                       mask lets through, by their default action)
  */
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define FAKE_EXPORT __attribute__((visibility("default")))
 
@@ -176,6 +181,7 @@ static struct {
   struct nvlink nvlinks[MAX_NVLINKS];
   size_t v3_stride;
   int stale_count;
+  int thread;
 } S;
 
 static struct counter counters[MAX_COUNTERS];
@@ -334,6 +340,8 @@ static int parse_line(char* line, const char* path, int lineno) {
       if (S.v3_stride != 16 && S.v3_stride != 24 && S.v3_stride != 32) ok = 0;
     } else if (strcmp(kind, "quirk") == 0 && strcmp(key, "stale_count") == 0) {
       S.stale_count = (int)number(value, &ok);
+    } else if (strcmp(kind, "quirk") == 0 && strcmp(key, "thread") == 0) {
+      S.thread = (int)number(value, &ok);
     } else if (g && strcmp(key, "uuid") == 0) {
       copy_text(g->uuid, sizeof g->uuid, value);
     } else if (g && strcmp(key, "name") == 0) {
@@ -518,6 +526,25 @@ static nvmlReturn_t put_text(char* buffer, unsigned int length, const char* text
 
 /* ---- Entry points -------------------------------------------------------------------------- */
 
+/* The real driver's nvmlInit leaves threads of its own behind (seen with driver 580 on an H100):
+ * they inherit the caller's signal mask, and a process-directed signal that the caller blocks to
+ * read it from a signalfd can be taken, and dropped, by such a thread instead. */
+static void* helper_thread(void* unused) {
+  (void)unused;
+  for (;;) pause();
+  return NULL;
+}
+
+static void start_helper_thread(void) {
+  static int started;
+  pthread_t thread;
+  if (started) return;
+  if (pthread_create(&thread, NULL, helper_thread, NULL) == 0) {
+    pthread_detach(thread);
+    started = 1;
+  }
+}
+
 static nvmlReturn_t init(const char* name) {
   const char* forced = getenv("FAKE_NVML_INIT_FAIL");
   if (forced != NULL && *forced != '\0') {
@@ -535,6 +562,7 @@ static nvmlReturn_t init(const char* name) {
   }
   count_call(name);
   S.refcount++;
+  if (S.thread) start_helper_thread();
   return NVML_SUCCESS;
 }
 

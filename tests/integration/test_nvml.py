@@ -4,6 +4,7 @@ tests/fake_nvml/ is loaded through GPULOCK_NVML_LIBRARY. Also: no NVML at all.""
 import json
 import os
 import pathlib
+import signal
 
 import pytest
 
@@ -102,3 +103,37 @@ def test_idle_gpus_are_followed_across_status_runs_through_nvml(gl):
                       what="GPU 0 to be idle")
     assert idle["idle_since"] == pytest.approx(first["idle_since"])
     assert (gl.tmp / "state" / "gpulock" / "idle-readings.json").is_file()
+
+
+# The real driver (580, on an H100) starts threads in nvmlInit that keep the signal mask they
+# were started with. `gpulock run` blocks SIGCHLD and the signals it forwards to read them from a
+# signalfd; before every NVML call was made with all signals blocked, the kernel could hand them
+# to a driver thread instead: a finished command stayed a zombie and gpulock never exited, and a
+# SIGTERM ended gpulock at once without reaching the command. The fake's `quirk thread=1` starts
+# such a thread.
+DRIVER_WITH_THREADS = """\
+system driver=580.159.04 nvml=13.580.159.04
+gpu uuid=GPU-11111111-2222-3333-4444-000000000000 name="NVIDIA H100 80GB HBM3" bus=00000000:06:00.0 total_mib=81920
+quirk thread=1
+"""
+
+
+def test_run_sees_its_command_end_beside_the_drivers_threads(gl):
+    env = nvml_env(gl, fake_library("libfake_nvml_full.so"), DRIVER_WITH_THREADS)
+    # The signal went astray in about half of the runs before the fix: ten runs catch it.
+    for _ in range(10):
+        result = gl.run("run", "-n", "1", "--", "sh", "-c", "exit 3", env=env, timeout=20)
+        assert result.returncode == 3, result.stderr
+
+
+def test_run_forwards_sigterm_beside_the_drivers_threads(gl):
+    env = nvml_env(gl, fake_library("libfake_nvml_full.so"), DRIVER_WITH_THREADS)
+    marker = gl.tmp / "got-term"
+    started = gl.tmp / "started"
+    run = gl.spawn("run", "-n", "1", "--", "sh", "-c",
+                   'trap "echo term > %s; exit 5" TERM; touch %s; '
+                   'while :; do sleep 0.05; done' % (marker, started), env=env)
+    wait_until(started.exists, what="the command to start")
+    os.kill(run.pid, signal.SIGTERM)
+    assert run.wait() == 5, run.describe()  # the command's own status: it got the signal
+    assert marker.read_text().strip() == "term"
