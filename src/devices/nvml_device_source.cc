@@ -58,6 +58,7 @@ std::vector<GpuProcess> to_processes(const std::vector<ProcessEntry>& entries) {
 }
 
 std::string describe(const nvml::Library& library) {
+  const SignalsBlocked for_driver_threads;
   const auto driver = library.driver_version();
   const auto version = library.nvml_version();
   if (driver.ok() && version.ok())

@@ -1,5 +1,8 @@
 // run_command(): fork/exec under a lease, forwarding signals and passing the lock descriptors.
 #include <fcntl.h>
+#ifdef __GLIBC__
+#include <gnu/libc-version.h>
+#endif
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -18,6 +21,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include <fmt/format.h>
@@ -32,6 +36,27 @@ namespace gpulock {
 namespace {
 
 constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+
+// Whether posix_spawn's dup2 of a descriptor onto itself clears its close-on-exec flag, as POSIX
+// asks: glibc does since 2.29 (bug 23640); older ones leave the flag, and the command would start
+// without the lease's locks. Elsewhere (another C library) the flag is cleared by hand.
+bool spawn_dup2_onto_itself_clears_cloexec() {
+#ifdef __GLIBC__
+  static const bool clears = [] {
+    unsigned major = 0, minor = 0;
+    return std::sscanf(gnu_get_libc_version(), "%u.%u", &major, &minor) == 2 &&
+           (major > 2 || (major == 2 && minor >= 29));
+  }();
+  return clears;
+#else
+  return false;
+#endif
+}
+
+// Throws for a posix_spawn set-up call that failed (they return the error number).
+void check_spawn_setup(int error, const char* call) {
+  if (error != 0) throw Error(ErrorCode::kInternal, errno_message(call, error));
+}
 
 std::vector<std::string> build_environment(const Lease& lease, VisibleFormat format) {
   const auto overrides = lease_environment(lease, format);
@@ -165,7 +190,26 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
       ::posix_spawnattr_destroy(&attributes);
     }
   } spawn_cleanup{actions, attributes};
-  for (int fd : lease.lock_fds()) ::posix_spawn_file_actions_adddup2(&actions, fd, fd);
+  // Where the spawn cannot clear it, the lock descriptors lose close-on-exec here for the moment
+  // of the spawn (no other thread of ours starts programs meanwhile).
+  struct InheritedByTheSpawn {
+    std::span<const int> fds;
+    bool cleared = false;
+    ~InheritedByTheSpawn() {
+      if (cleared)
+        for (int fd : fds) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+  } inherited{lease.lock_fds()};
+  if (spawn_dup2_onto_itself_clears_cloexec()) {
+    for (int fd : lease.lock_fds())
+      check_spawn_setup(::posix_spawn_file_actions_adddup2(&actions, fd, fd),
+                        "posix_spawn_file_actions_adddup2");
+  } else {
+    inherited.cleared = true;
+    for (int fd : lease.lock_fds())
+      if (::fcntl(fd, F_SETFD, 0) != 0)
+        throw Error(ErrorCode::kInternal, errno_message("fcntl(F_SETFD)", errno));
+  }
   sigset_t default_signals;
   sigemptyset(&default_signals);
   sigaddset(&default_signals, SIGPIPE);
@@ -178,9 +222,13 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
     default_signals.__val[(internal - 1) / kBits] |= 1UL << ((internal - 1) % kBits);
   }
 #endif
-  ::posix_spawnattr_setsigdefault(&attributes, &default_signals);
-  ::posix_spawnattr_setsigmask(&attributes, &previous);
-  ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  check_spawn_setup(::posix_spawnattr_setsigdefault(&attributes, &default_signals),
+                    "posix_spawnattr_setsigdefault");
+  check_spawn_setup(::posix_spawnattr_setsigmask(&attributes, &previous),
+                    "posix_spawnattr_setsigmask");
+  check_spawn_setup(
+      ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK),
+      "posix_spawnattr_setflags");
   pid_t child = -1;
   int spawn_error =
       ::posix_spawnp(&child, args[0], &actions, &attributes, args.data(), envp.data());
