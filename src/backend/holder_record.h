@@ -54,4 +54,9 @@ std::string holder_record_json(const HolderRecord& record);
 
 std::optional<HolderRecord> parse_holder_record(std::string_view bytes);
 
+// For tests: the same reading through the full JSON parser alone, and whether the fast reader of
+// records in the form gpulock writes them accepts `bytes` (parse_holder_record() then uses it).
+std::optional<HolderRecord> parse_holder_record_with_full_parser(std::string_view bytes);
+bool holder_record_is_canonical(std::string_view bytes);
+
 }  // namespace gpulock

@@ -564,5 +564,87 @@ TEST(HolderRecordTest, RefusesStartTimeBeyondTheClock) {
   }
 }
 
+// --- the fast reader against the full parser -----------------------------------------------
+// parse_holder_record() reads records in the exact form gpulock writes without building a JSON
+// document, and leaves everything else to nlohmann's parser. Whatever it accepts, it must read
+// as that parser does: same record, or refused by both.
+
+// Empty if both readings agree, else what differs.
+std::string Difference(const std::optional<HolderRecord>& fast,
+                       const std::optional<HolderRecord>& full) {
+  if (fast.has_value() != full.has_value())
+    return fmt::format("fast {} vs full {}", fast ? "read" : "refused", full ? "read" : "refused");
+  if (!fast) return "";
+  const HolderRecord& a = *fast;
+  const HolderRecord& b = *full;
+  if (a.lease_id != b.lease_id || a.uid != b.uid || a.user != b.user || a.host != b.host ||
+      a.boot_id != b.boot_id || a.kind != b.kind || !(a.holder == b.holder) ||
+      a.members != b.members || a.command != b.command || a.label != b.label ||
+      a.started_at != b.started_at || a.gpus != b.gpus || a.memory_bytes != b.memory_bytes)
+    return "the records differ";
+  return "";
+}
+
+TEST(HolderRecordReaders, WhatGpulockWritesIsReadFastAndAsTheFullParserReadsIt) {
+  std::vector<std::pair<HolderRecord, bool>> records;  // and whether the fast reader takes it
+  records.emplace_back(SampleRecord(), true);
+  HolderRecord shared = SampleRecord();
+  shared.memory_bytes = 10ull << 30;
+  shared.members.clear();
+  shared.kind = HolderKind::kProcess;
+  records.emplace_back(shared, true);
+  HolderRecord extremes = SampleRecord();
+  extremes.uid = 4294967295u;
+  extremes.holder = ProcessId{4194304, std::numeric_limits<std::uint64_t>::max()};
+  extremes.members.assign(8, ProcessId{1, 0});
+  extremes.gpus.assign(64, "GPU-5e1f0a7e-0000-4000-8000-000000000000");
+  extremes.command = extremes.label = extremes.user = "";
+  records.emplace_back(extremes, true);
+  for (double when : {0.0, 1e-7, 1700000000.0, 1.5e9, 123.456, 8999999999.999}) {
+    HolderRecord at = SampleRecord();
+    at.started_at = when;
+    records.emplace_back(at, true);
+  }
+  HolderRecord quoted = SampleRecord();
+  quoted.command = R"(sh -c "echo \"hi\"")";  // escapes: the full parser's case
+  records.emplace_back(quoted, false);
+  HolderRecord utf8 = SampleRecord();
+  utf8.user = "Zoë";  // bytes beyond ASCII: the full parser's case
+  records.emplace_back(utf8, false);
+  for (const auto& [record, fast] : records) {
+    const std::string bytes = serialize_holder_record(record);
+    EXPECT_EQ(holder_record_is_canonical(bytes), fast) << bytes;
+    const auto read = parse_holder_record(bytes);
+    ASSERT_TRUE(read.has_value()) << bytes;
+    EXPECT_EQ(Difference(read, parse_holder_record_with_full_parser(bytes)), "") << bytes;
+  }
+}
+
+TEST(HolderRecordReaders, EveryMutationOfARecordIsReadAsTheFullParserReadsIt) {
+  HolderRecord record = SampleRecord();
+  record.memory_bytes = 1ull << 30;
+  const std::string base = holder_record_json(record);
+  const std::vector<std::string> pieces = {"",  "\"",   "\\",   "0",  "1",   "9",    "-",    ".",
+                                           "e", "+",    " ",    ",",  "}",   "]",    "{",    ":",
+                                           "x", "\x80", "\x1f", "00", "1.5", "null", "\"a\""};
+  std::size_t read_fast = 0;
+  for (std::size_t i = 0; i <= base.size(); ++i) {
+    for (const std::string& piece : pieces) {
+      for (const bool replace : {true, false}) {
+        if (replace && i == base.size()) continue;
+        std::string mutated = base;
+        mutated.replace(i, replace ? 1 : 0, piece);
+        const auto fast = parse_holder_record(mutated);
+        ASSERT_EQ(Difference(fast, parse_holder_record_with_full_parser(mutated)), "")
+            << "mutated record: " << mutated;
+        read_fast += holder_record_is_canonical(mutated);
+      }
+    }
+  }
+  // The comparison means something only if the fast reader took many of the mutants (a digit
+  // changed, a field emptied, ...).
+  EXPECT_GT(read_fast, 300u);
+}
+
 }  // namespace
 }  // namespace gpulock
