@@ -519,6 +519,13 @@ class Checker:
             f"1 simulated GPU (flock(1) once: {(time.perf_counter() - start) * 1000:.2f} ms)",
             flush=True,
         )
+        # Where those milliseconds go: each NVML query, through gpulock's own reader.
+        nvml_cost = Path(self.gpulock).resolve().parent / "tests" / "nvml_cost"
+        if nvml_cost.is_file():
+            costs = subprocess.run([str(nvml_cost)], capture_output=True, text=True, timeout=60)
+            self.keep("nvml-cost.txt", costs.stdout + costs.stderr)
+            for line in (costs.stdout + costs.stderr).splitlines():
+                print(f"INFO  {line}", flush=True)
 
     def close(self) -> None:
         for process in self.background:
