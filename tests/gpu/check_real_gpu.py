@@ -90,8 +90,11 @@ class Checker:
         seconds: int,
         prefix: list[str] | None = None,
         env: dict | None = None,
-    ) -> tuple[subprocess.Popen, int]:
-        """A CUDA process holding MIB MiB; returns it and the pid of the CUDA process itself."""
+        required: bool = True,
+    ) -> tuple[subprocess.Popen, int | None]:
+        """A CUDA process holding MIB MiB, started behind `prefix` (e.g. `gpulock run ... --`);
+        returns it and the pid of the CUDA process itself once it holds the memory. If it never
+        does: an error if `required`, else None for the pid."""
         command = (prefix or []) + [self.cuda_context, str(ordinal), str(mib), str(seconds)]
         process = subprocess.Popen(
             command,
@@ -105,7 +108,9 @@ class Checker:
         for line in process.stdout:
             if line.startswith("ready "):
                 return process, int(line.split()[1])
-        raise RuntimeError(f"{command} never became ready: {process.stderr.read()}")
+        if required:
+            raise RuntimeError(f"{command} never became ready: {process.stderr.read()}")
+        return process, None
 
     def stop(self, process: subprocess.Popen) -> None:
         if process.poll() is None:
@@ -287,31 +292,14 @@ class Checker:
             self.stop(process)
 
     def intruder_and_member(self, gpu: dict) -> None:
-        holder = subprocess.Popen(
-            [
-                self.gpulock,
-                "run",
-                "--gpus",
-                str(gpu["index"]),
-                "--",
-                self.cuda_context,
-                "0",
-                "512",
-                "60",
-            ],
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
+        holder, member = self.start_cuda(
+            0,
+            512,
+            60,
+            prefix=[self.gpulock, "run", "--gpus", str(gpu["index"]), "--"],
+            required=False,
         )
-        self.background.append(holder)
         try:
-            member = None
-            for line in holder.stdout:
-                if line.startswith("ready "):
-                    member = int(line.split()[1])
-                    break
             if not report(
                 member is not None,
                 "run: a CUDA command starts inside a lease",
@@ -375,29 +363,9 @@ class Checker:
         jobs = []
         try:
             for mem, alloc in (("4G", 1024), ("1G", 2048)):
-                process = subprocess.Popen(
-                    [
-                        self.gpulock,
-                        "run",
-                        "--gpus",
-                        str(gpu["index"]),
-                        "--mem",
-                        mem,
-                        "--",
-                        self.cuda_context,
-                        "0",
-                        str(alloc),
-                        "60",
-                    ],
-                    env=self.env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    start_new_session=True,
-                )
-                self.background.append(process)
+                run = [self.gpulock, "run", "--gpus", str(gpu["index"]), "--mem", mem, "--"]
+                process, ready = self.start_cuda(0, alloc, 60, prefix=run, required=False)
                 jobs.append(process)
-                ready = next((line for line in process.stdout if line.startswith("ready ")), None)
                 if not report(
                     ready is not None,
                     f"run --mem {mem}: a shared lease starts a CUDA job",

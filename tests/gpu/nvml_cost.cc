@@ -4,9 +4,10 @@
 // machine with an NVIDIA GPU (tests/gpu/check_real_gpu.py prints it); where no driver is, it says
 // so and exits 2.
 //
-//   nvml_cost [LIBRARY]        default libnvidia-ml.so.1; each query twice (first, then again)
+//   nvml_cost [LIBRARY]   default $GPULOCK_NVML_LIBRARY, else libnvidia-ml.so.1; each query twice
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -38,7 +39,10 @@ void time_twice(const char* what, Query&& query) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string path = argc > 1 ? argv[1] : "libnvidia-ml.so.1";
+  const char* configured = std::getenv("GPULOCK_NVML_LIBRARY");
+  const std::string path = argc > 1                               ? argv[1]
+                           : configured != nullptr && *configured ? configured
+                                                                  : "libnvidia-ml.so.1";
   try {
     auto start = Clock::now();
     gpulock::nvml::Library nvml(path);
