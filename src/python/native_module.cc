@@ -121,6 +121,29 @@ VisibleFormat visible_format(const std::string& name) {
   throw Error(ErrorCode::kInvalidArgument, "visible must be 'index' or 'uuid', not '" + name + "'");
 }
 
+// Whether `error` was raised in a Python signal handler now installed (a frame of its traceback
+// runs one): the handler ran inside a callback of ours, but the exception is the program's way
+// of ending the wait. Called with the GIL held.
+bool raised_by_signal_handler(const py::error_already_set& error) {
+  try {
+    const py::module_ signal = py::module_::import("signal");
+    std::vector<py::object> handler_code;
+    for (const py::handle number : signal.attr("valid_signals")()) {
+      py::object handler = signal.attr("getsignal")(number);
+      if (py::hasattr(handler, "__func__")) handler = handler.attr("__func__");  // a method
+      if (py::hasattr(handler, "__code__")) handler_code.push_back(handler.attr("__code__"));
+    }
+    for (py::object tb = error.trace(); !tb.is_none(); tb = tb.attr("tb_next")) {
+      const py::object code = tb.attr("tb_frame").attr("f_code");
+      for (const py::object& c : handler_code)
+        if (c.is(code)) return true;
+    }
+  } catch (const py::error_already_set&) {
+    // Anything odd while looking: the callback's failure, as before.
+  }
+  return false;
+}
+
 // One acquire call: a request built from keyword arguments, waited for without the GIL.
 Lease acquire(GpuPool& pool, LeaseRequest request, const py::object& on_progress) {
   bool signalled = false;
@@ -147,8 +170,11 @@ Lease acquire(GpuPool& pool, LeaseRequest request, const py::object& on_progress
       try {
         on_progress(progress_to_dict(p));
       } catch (py::error_already_set& error) {
-        if (!error.matches(PyExc_Exception)) {
-          callback_stop.emplace(std::move(error));  // Ctrl-C in the callback: stop waiting
+        // Ctrl-C, or a signal handler of the program's own that raised while the callback ran
+        // (Python runs handlers wherever Python code runs): stop waiting, as anywhere else in
+        // the wait. Only the callback's own failure lets the wait go on.
+        if (!error.matches(PyExc_Exception) || raised_by_signal_handler(error)) {
+          callback_stop.emplace(std::move(error));
         } else if (progress_error.empty()) {
           // A failing progress callback must not end the wait; it is reported once.
           progress_error = error.what();

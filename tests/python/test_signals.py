@@ -77,6 +77,38 @@ def test_sigint_handler_exception_is_what_the_wait_raises(gl):
     assert child.wait_json("stopped") == {"message": "stopped by SIGINT", "queued": []}
 
 
+def test_sigint_during_the_progress_callback_still_ends_the_wait(gl):
+    # The signal lands while the on_wait callback runs. Before signals were held back until it
+    # returned, the handler ran inside it, its exception passed for a failing callback (a
+    # warning), and the wait went on for ever with the signal spent.
+    gl.hold("-n", "4")
+    child = gl.python(r'''
+        import signal
+
+        class Stop(Exception):
+            pass
+
+        def on_sigint(signum, frame):
+            raise Stop("stopped by SIGINT")
+
+        def on_wait(progress):
+            report("in-callback")
+            time.sleep(1)
+
+        signal.signal(signal.SIGINT, on_sigint)
+        try:
+            gpulock.lease(count=2, on_wait=on_wait)
+        except Stop as e:
+            report("stopped", {"message": str(e)})
+            sys.exit(5)
+    ''')
+    child.wait_file("in-callback")
+    os.kill(child.pid, signal.SIGINT)
+    assert child.wait() == 5, child.describe()
+    assert child.wait_json("stopped") == {"message": "stopped by SIGINT"}
+    assert "on_wait callback failed" not in child.stderr()
+
+
 def test_sigint_handler_that_returns_lets_the_wait_go_on(gl):
     holder, _, _ = gl.hold("--gpus", "2")
     child = gl.python(r'''
