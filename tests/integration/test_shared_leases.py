@@ -142,9 +142,8 @@ def assert_whole_gpu_not_starved(spawn, status, audit):
         live = [p for p in stream if p.alive()]
         for _ in range(4 - len(live)):
             stream.append(spawn("run", "--mem", "10G", "--", "sleep", "0.3"))
-    # Topped up while looking: one `status` can take longer than a job runs (0.3 s under ASan
-    # on a loaded machine), and a stream that had ended would never be seen leased.
-    wait_until(lambda: top_up() or any(g["state"] == "leased" for g in status()["gpus"]),
+    top_up()
+    wait_until(lambda: any(g["state"] == "leased" for g in status()["gpus"]),
                what="a shared job to start")
     whole = spawn("run", "--", PYTHON, "-S", "-c", AUDIT_JOB, audit, "whole", 0, GPU_MEMORY)
     deadline = time.monotonic() + HANG
