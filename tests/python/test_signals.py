@@ -52,9 +52,9 @@ def test_sigint_while_waiting_raises_keyboard_interrupt_and_leaves_nothing(gl):
     assert "KeyboardInterrupt" not in child.stderr()
 
 
-def test_sigint_handler_exception_is_what_the_wait_raises(gl):
-    gl.hold("-n", "4")
-    child = gl.python(r'''
+# A child's SIGINT handler that raises an exception of its own (not a KeyboardInterrupt).
+# Indented as the scripts it is put before, which gl.python() dedents.
+STOP_ON_SIGINT = r'''
         import signal
 
         class Stop(Exception):
@@ -62,6 +62,12 @@ def test_sigint_handler_exception_is_what_the_wait_raises(gl):
 
         def on_sigint(signum, frame):
             raise Stop("stopped by SIGINT")
+'''
+
+
+def test_sigint_handler_exception_is_what_the_wait_raises(gl):
+    gl.hold("-n", "4")
+    child = gl.python(STOP_ON_SIGINT + r'''
 
         signal.signal(signal.SIGINT, on_sigint)
         try:
@@ -78,18 +84,11 @@ def test_sigint_handler_exception_is_what_the_wait_raises(gl):
 
 
 def test_sigint_during_the_progress_callback_still_ends_the_wait(gl):
-    # The signal lands while the on_wait callback runs. Before signals were held back until it
-    # returned, the handler ran inside it, its exception passed for a failing callback (a
-    # warning), and the wait went on for ever with the signal spent.
+    # The signal lands while the on_wait callback runs, so the handler runs inside it. Its
+    # exception used to pass for a failing callback (a warning), and the wait went on for ever
+    # with the signal spent.
     gl.hold("-n", "4")
-    child = gl.python(r'''
-        import signal
-
-        class Stop(Exception):
-            pass
-
-        def on_sigint(signum, frame):
-            raise Stop("stopped by SIGINT")
+    child = gl.python(STOP_ON_SIGINT + r'''
 
         def on_wait(progress):
             report("in-callback")
