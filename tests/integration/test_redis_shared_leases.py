@@ -110,7 +110,7 @@ def test_sigkill_of_a_shared_holder_frees_exactly_its_memory_after_its_ttl(rw):
 def test_exclusive_request_is_not_starved_by_a_stream_of_shared_jobs(rw):
     rw.register(gpus=1)
     audit = audit_dir(rw)
-    stream = assert_whole_gpu_not_starved(rw.spawn, rw.status, audit)
+    stream = assert_whole_gpu_not_starved(rw.spawn, audit)
     for p in stream:
         p.wait(timeout=HANG)
     assert violations(audit) == {}
