@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from conftest import EX_UNAVAILABLE
+from conftest import EX_UNAVAILABLE, HANG
 from gpulock_testing import wait_until
 
 
@@ -122,7 +122,7 @@ def test_run_sees_its_command_end_beside_the_drivers_threads(gl):
     env = nvml_env(gl, fake_library("libfake_nvml_full.so"), DRIVER_WITH_THREADS)
     # The signal went astray in about half of the runs before the fix: ten runs catch it.
     for _ in range(10):
-        result = gl.run("run", "-n", "1", "--", "sh", "-c", "exit 3", env=env, timeout=20)
+        result = gl.run("run", "-n", "1", "--", "sh", "-c", "exit 3", env=env, timeout=HANG)
         assert result.returncode == 3, result.stderr
 
 

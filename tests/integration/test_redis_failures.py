@@ -115,24 +115,36 @@ def test_unknown_host_exit_69(rw):
 
 # -- a server that accepts connections but never answers --------------------------------------
 
-# Each call to a silent server otherwise waits 5 s: a bound well below that shows the request's
-# own deadline was kept, with room for a slow, loaded machine.
-SILENT_BOUND = 4.0
+# Each call to a silent server otherwise waits 5 s: a request that took well under that beyond
+# what the same request against a closed port takes (process start and exit, measured just
+# before, since under ASan on a loaded machine they alone can take seconds) kept its own deadline.
+SILENT_BOUND = 3.5
 
 
 @pytest.mark.parametrize("waiting", [["--timeout", "1s"], ["--no-wait"]],
                          ids=["timeout", "no-wait"])
 def test_a_silent_server_cannot_hold_a_request_past_its_deadline(rw, waiting):
+    def timed_run(url):
+        started = time.monotonic()
+        result = rw.run("run", *waiting, "--", "true", env=rw.env(url=url))
+        return result, time.monotonic() - started
+
     with socket.socket() as silent:  # the kernel completes connections; nobody reads them
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
         url = "redis://127.0.0.1:%d/0" % silent.getsockname()[1]
-        started = time.monotonic()
-        result = rw.run("run", *waiting, "--", "true", env=rw.env(url=url))
-        took = time.monotonic() - started
-    assert result.returncode == EX_UNAVAILABLE, result.stderr
-    assert "no answer in time" in result.stderr, result.stderr
-    assert took < SILENT_BOUND, "took %.1f s: %s" % (took, result.stderr)
+        beyond = []
+        for _ in range(3):  # a load spike rarely repeats; a missed deadline does, every time
+            refused, baseline = timed_run("redis://127.0.0.1:%d/0" % closed_port())
+            assert refused.returncode == EX_UNAVAILABLE, refused.stderr
+            result, took = timed_run(url)
+            assert result.returncode == EX_UNAVAILABLE, result.stderr
+            assert "no answer in time" in result.stderr, result.stderr
+            beyond.append(took - baseline)
+            if beyond[-1] < SILENT_BOUND:
+                break
+    assert beyond[-1] < SILENT_BOUND, "took %s s more than refused: %s" % (
+        ["%.1f" % b for b in beyond], result.stderr)
 
 
 # -- a SIGKILLed holder ---------------------------------------------------------------------------

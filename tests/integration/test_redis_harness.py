@@ -74,10 +74,10 @@ def test_password_and_acl_users(redis_servers):
 
 
 def test_pause_blocks_every_client_until_it_ends(redis_server):
+    started = time.monotonic()  # before the pause: a stall of this process cannot shorten it
     redis_server.pause(600)
-    started = time.monotonic()
     assert redis_server.command("PING") == "PONG"
-    assert time.monotonic() - started > 0.3  # generous: the pause lasted 600 ms
+    assert time.monotonic() - started > 0.5  # the pause lasted 600 ms
 
 
 def test_no_process_left_behind():
