@@ -144,21 +144,19 @@ def assert_whole_gpu_not_starved(spawn, audit):
     started.mkdir()
     job = ': > "$1/$$"; sleep 0.3'
 
-    def top_up():
-        live = [p for p in stream if p.alive()]
-        for _ in range(4 - len(live)):
-            stream.append(spawn("run", "--mem", "10G", "--", "sh", "-c", job, "job", started))
-    deadline = time.monotonic() + HANG
-    while not os.listdir(started) and time.monotonic() < deadline:
-        top_up()
-        time.sleep(0.05)
+    def keep_the_stream_going_while(waiting):
+        """Tops the stream up to four jobs while waiting() holds, for at most HANG seconds."""
+        deadline = time.monotonic() + HANG
+        while waiting() and time.monotonic() < deadline:
+            live = [p for p in stream if p.alive()]
+            for _ in range(4 - len(live)):
+                stream.append(spawn("run", "--mem", "10G", "--", "sh", "-c", job, "job", started))
+            time.sleep(0.05)
+    keep_the_stream_going_while(lambda: not os.listdir(started))
     assert os.listdir(started), "no shared job started: " + "; ".join(
         p.describe() for p in stream)
     whole = spawn("run", "--", PYTHON, "-S", "-c", AUDIT_JOB, audit, "whole", 0, GPU_MEMORY)
-    deadline = time.monotonic() + HANG
-    while whole.alive() and time.monotonic() < deadline:
-        top_up()
-        time.sleep(0.05)
+    keep_the_stream_going_while(whole.alive)
     assert not whole.alive(), "the exclusive request was starved: " + whole.describe()
     assert whole.wait() == 0, whole.describe()
     return stream
