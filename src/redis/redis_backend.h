@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "backend/holder_record.h"
@@ -142,6 +143,7 @@ class RedisBackend final : public LeaseBackend {
   std::chrono::steady_clock::time_point registered_at_;
   std::map<std::string, uid_t> plan_uids_;
   std::unordered_map<std::string, std::optional<Device>> parsed_devices_;
+  std::unordered_set<std::size_t> devices_seen_once_;  // hashes of registrations seen
   std::unordered_map<std::string, std::optional<Ticket>> parsed_tickets_;
   std::size_t parsed_devices_wanted_ = 0;  // the most GPUs a snapshot has listed
 };
