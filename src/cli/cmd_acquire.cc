@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -55,15 +56,21 @@ void add_acquire_command(CLI::App& app, int* exit_status) {
     GpuPool pool = open_pool(options->backend);
     Lease lease = acquire_for_cli(pool, *options, fmt::format("acquire --for-pid {}", *for_pid));
     const pid_t holder = detach_lease(lease, *for_pid);
-    for (const auto& [name, value] : lease_environment(lease, options->visible_format())) {
-      if (!*print_ids)
-        fmt::print("export {}={}\n", name, quoted(value));
-      else if (name == "CUDA_VISIBLE_DEVICES")
-        fmt::print("{}\n", value);
+    int error = 0;
+    try {
+      for (const auto& [name, value] : lease_environment(lease, options->visible_format())) {
+        if (!*print_ids)
+          fmt::print("export {}={}\n", name, quoted(value));
+        else if (name == "CUDA_VISIBLE_DEVICES")
+          fmt::print("{}\n", value);
+      }
+      if (std::fflush(stdout) != 0) error = errno;
+    } catch (const std::system_error& e) {
+      error = e.code().value();  // fmt::print's write failed (more than stdio's buffer)
     }
-    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    if (error != 0 || std::ferror(stdout)) {
       // Nobody learns the lease id, so nobody could use or release it: end it now.
-      const int error = errno;
+      if (error == 0) error = EIO;
       ::kill(holder, SIGTERM);
       throw Error(ErrorCode::kInternal,
                   fmt::format("cannot write the lease's GPUs ({}); lease {} released",

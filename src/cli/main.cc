@@ -2,6 +2,7 @@
 // (64 usage, 69 cannot be served, 70 internal, 75 not served in time, 78 bad config;
 // docs/cli.md).
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -30,13 +32,35 @@ void ensure_standard_descriptors() {
   }
 }
 
+// Whether whoever read our output has gone: the read end of the pipe (or socket) on stdout is
+// closed. poll() says so with POLLERR (POLLHUP for a socket); a full disk says nothing.
+bool output_reader_gone() {
+  pollfd out{STDOUT_FILENO, 0, 0};
+  return ::poll(&out, 1, 0) == 1 && (out.revents & (POLLERR | POLLHUP)) != 0;
+}
+
+// Ends gpulock as any filter ends when its reader leaves (`gpulock status --pool | head`):
+// killed by SIGPIPE, silently, so a shell prints nothing and `pipefail` sees 141. Only once the
+// command is done: a command whose output matters (acquire) handles a failed write itself.
+[[noreturn]] void end_by_sigpipe() {
+  ::signal(SIGPIPE, SIG_DFL);
+  sigset_t pipe_only;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  ::sigprocmask(SIG_UNBLOCK, &pipe_only, nullptr);
+  ::raise(SIGPIPE);
+  ::_exit(128 + SIGPIPE);
+}
+
 // Output that could not be written (a closed pipe, a full disk) is an error, not a success.
-int check_output(int status) {
-  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
-    gpulock::cli::print_error("cannot write output: " + std::string(std::strerror(errno)));
-    return status == 0 ? 70 : status;
-  }
-  return status;
+// `error` is the errno of the failed write when the caller knows it.
+int check_output(int status, int error = 0) {
+  if (std::fflush(stdout) != 0 && error == 0) error = errno;
+  if (!std::ferror(stdout)) return status;
+  if (status == 0 && output_reader_gone()) end_by_sigpipe();
+  gpulock::cli::print_error("cannot write output: " +
+                            std::string(std::strerror(error != 0 ? error : EIO)));
+  return status == 0 ? 70 : status;
 }
 
 }  // namespace
@@ -94,6 +118,11 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     cli::print_error(e.what());
     return exit_status_for(e.code());
+  } catch (const std::system_error& e) {
+    // fmt::print throws this when stdout cannot be written: a failed output, not a bug.
+    if (std::ferror(stdout)) return check_output(0, e.code().value());
+    cli::print_error(fmt::format("internal error: {}", e.what()));
+    return 70;
   } catch (const std::exception& e) {
     cli::print_error(fmt::format("internal error: {}", e.what()));
     return 70;

@@ -8,6 +8,8 @@ import signal
 import struct
 import subprocess
 
+import pytest
+
 from conftest import EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE, HANG, PYTHON, lock_file_name, \
     sim_uuid, wait_until
 
@@ -53,6 +55,48 @@ def test_acquire_whose_output_cannot_be_written_releases_its_lease(gl):
     assert proc.returncode == 70, proc.stderr
     assert "released" in proc.stderr
     gl.wait_state(0, "free")
+
+
+@pytest.mark.parametrize("args", [("status",), ("status", "--json")])
+def test_output_into_a_closed_pipe_ends_silently_as_a_filter_does(gl, args):
+    # `gpulock status | head -1`: the reader is gone. Like any filter, gpulock dies of SIGPIPE
+    # and says nothing. 64 GPUs as JSON overflow stdio's buffer, so a write fails while the
+    # output is being printed; the table of 4 is written only when it ends.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(gl.cmd(*args), env=gl.env(fake="64"), stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=HANG)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == -signal.SIGPIPE, proc.stderr
+    assert proc.stderr == ""
+
+
+def test_output_to_a_full_disk_is_an_error(gl):
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(gl.cmd("status", "--json"), env=gl.env(fake="64"), stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=HANG)
+    assert proc.returncode == 70, proc.stderr
+    assert "cannot write output: No space left on device" in proc.stderr
+    assert "internal error" not in proc.stderr
+
+
+def test_acquire_into_a_closed_pipe_releases_its_lease(gl):
+    # 128 GPUs' UUIDs are more than stdio's buffer: the write fails while they are printed.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = gl.env(fake="128")
+    try:
+        proc = subprocess.run(gl.cmd("acquire", "-n", "128", "--for-pid", str(os.getpid())),
+                              env=env, stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=HANG)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 70, proc.stderr
+    assert "released" in proc.stderr
+    wait_until(lambda: json.loads(gl.run("status", "--json", env=env).stdout)["gpus"][127]
+               ["state"] == "free", what="the unreported lease to end")
 
 
 def test_held_acquire_mutex_times_out_instead_of_hanging(gl):
