@@ -6,7 +6,8 @@ Two audits, independent of gpulock:
   - exclusion: each job creates an O_EXCL marker per GPU index of its CUDA_VISIBLE_DEVICES and
     removes it at its end; an existing marker means two jobs hold one GPU (an error file);
   - lost wake-ups: each job logs when it started and ended (CLOCK_MONOTONIC, shared by every
-    process of the machine), the test logs when each request was started, and from outside it
+    process of the machine), the test logs when each request was started (in the churn, when
+    all pass a gate together), and from outside it
     measures the longest time one GPU stayed idle while a request that could use it waited
     (longest_stall). Per GPU rather than "fewer than all GPUs in use": hand-offs in progress on
     the other GPUs can keep that true for long stretches on a slow machine without anything
@@ -22,6 +23,7 @@ GPULOCK_STRESS_SEED shifts the random choices, GPULOCK_STRESS_ROUNDS sets the nu
 of test_dispatcher_killed_while_lease_ends, to hunt for rare interleavings.
 """
 
+import fcntl
 import json
 import os
 import pathlib
@@ -244,12 +246,35 @@ def assert_served_promptly(audit, names, since, gpus):
 # -- 1. churn ------------------------------------------------------------------------------------
 
 def churn(harness, audit, requests, seed, prefixes=((),)):
-    """Starts `requests` ({name: selection}) together, each holding its GPUs 0-50 ms."""
+    """Starts `requests` ({name: selection}) together, each holding its GPUs 0-50 ms.
+
+    Together: each request is spawned behind a gate, a shared flock(1) on a file the test holds
+    exclusively, and all pass it when the test lets go. The test takes seconds to spawn 64
+    processes; without the gate, requests trickled in and were served on arrival by fewer GPUs
+    than there are, and the last GPU read as idle while the next requests were still starting
+    (longest_stall counts a request as waiting from its spawn): a "stall" as long as the run,
+    8.4 s once, with no waiter asleep at all."""
     rng = random.Random(seed + SEED)
+    gate = harness.tmp / "churn-gate"
+    gate.touch()
+    os.chmod(gate, 0o644)  # the requests of other users take it too
+    at_gate = harness.tmp / "churn-at-gate"
+    at_gate.mkdir()
+    os.chmod(at_gate, 0o1777)
     procs = {}
-    for i, (name, selection) in enumerate(requests.items()):
-        procs[name] = audit.spawn(harness, name, selection, rng.uniform(0, 0.05),
-                                  prefix=prefixes[i % len(prefixes)])
+    with open(gate) as closed:
+        fcntl.flock(closed, fcntl.LOCK_EX)
+        for i, (name, selection) in enumerate(requests.items()):
+            gated = list(prefixes[i % len(prefixes)]) + [
+                "sh", "-c", ': > "$1" && flock -s "$2" true && shift 2 && exec "$@"', "gate",
+                at_gate / name, gate]
+            procs[name] = audit.spawn(harness, name, selection, rng.uniform(0, 0.05),
+                                      prefix=gated)
+        wait_until(lambda: all((at_gate / n).exists() or not procs[n].alive() for n in requests),
+                   what="every request at the gate")
+        opened = time.monotonic()
+    for name in requests:
+        audit.spawned[name] = opened
     statuses = wait_all(harness, procs, 120, "churn")
     failed = {n: (s, procs[n].stderr()[-500:]) for n, s in statuses.items() if s != 0}
     audit.check_exclusion()
