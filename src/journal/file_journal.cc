@@ -18,6 +18,7 @@
 
 #include "gpulock/error.hpp"
 #include "journal/journal_line.h"
+#include "process/current_pid.h"
 #include "util/fd.h"
 #include "util/random_id.h"
 
@@ -171,7 +172,7 @@ bool FileJournal::open_own_file(std::string& why) {
   size_estimate_ = static_cast<std::uint64_t>(st.st_size);
   appends_since_check_ = 0;
   rotation_left_to_root_ = false;
-  opened_by_ = ::getpid();
+  opened_by_ = current_pid();
   return true;
 }
 
@@ -216,7 +217,7 @@ void FileJournal::append(const JournalRecord& record) noexcept {
     const std::string line = journal_line(record);
     std::lock_guard<std::mutex> lock(mutex_);
     if (disabled_) return;
-    if (file_ && opened_by_ != ::getpid()) file_.reset();
+    if (file_ && opened_by_ != current_pid()) file_.reset();
     if (!file_) {
       std::string why;
       if (!open_own_file(why)) {

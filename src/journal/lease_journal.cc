@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "backend/lease_state.h"
+#include "process/current_pid.h"
 #include "util/unix_time.h"
 
 namespace gpulock {
@@ -30,14 +31,14 @@ void journal_lease_start(LeaseState& lease, std::shared_ptr<UsageJournal> journa
     r.waited_seconds = std::max(0.0, waited_seconds);
     journal->append(r);
     lease.journal.journal = std::move(journal);
-    lease.journal.owner = ::getpid();
+    lease.journal.owner = current_pid();
   } catch (...) {
     // Out of memory: the lease matters more than its record.
   }
 }
 
 void journal_lease_end(LeaseState& lease) noexcept {
-  if (!lease.journal.journal || lease.journal.owner != ::getpid()) return;
+  if (!lease.journal.journal || lease.journal.owner != current_pid()) return;
   try {
     JournalRecord r;
     r.kind = JournalRecord::Kind::kEnd;

@@ -17,6 +17,7 @@
 #include "gpulock/error.hpp"
 #include "local/fork_guard.h"
 #include "local/gpu_lock_file.h"
+#include "process/current_pid.h"
 #include "util/fd.h"
 #include "util/quiet_pipe_write.h"
 #include "util/random_id.h"
@@ -82,7 +83,7 @@ void OwnTicket::drain_wakeups() const {
 
 void OwnTicket::leave() {
   if (!ticket_fd_) return;
-  if (::getpid() != owner_pid_) {
+  if (current_pid() != owner_pid_) {
     // A forked child's copy: the files are the parent's, and the descriptors were closed at the
     // fork (their numbers may be someone else's by now).
     ticket_fd_.release();
@@ -245,7 +246,7 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
   };
   OwnTicket own;
   own.dir_fd_ = fd();
-  own.owner_pid_ = ::getpid();
+  own.owner_pid_ = current_pid();
 
   // The wake FIFO first: once the ticket is visible, others may wake us.
   const std::string wake = wake_name(ticket.id);

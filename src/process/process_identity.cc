@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "process/current_pid.h"
 #include "util/strings.h"
 
 namespace gpulock {
@@ -81,7 +82,7 @@ ProcessId self_process_id() {
   // Read once per process (a fork child has a new pid, so it reads its own).
   static std::mutex mutex;
   static ProcessId cached;
-  const pid_t pid = ::getpid();
+  const pid_t pid = current_pid();
   std::lock_guard<std::mutex> lock(mutex);
   if (cached.pid != pid) cached = process_id_of(pid).value_or(ProcessId{pid, 0});
   return cached;

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "gpulock/error.hpp"
+#include "process/current_pid.h"
 #include "redis/redis_scripts.h"
 #include "util/signals_blocked.h"
 #include "util/strings.h"
@@ -65,7 +66,7 @@ void RedisLeaseKeeper::start() {
   // signalfd; a Python program handles them in its main thread).
   const SignalsBlocked for_the_thread;
   thread_ = std::make_unique<std::thread>([this] { run(); });
-  thread_process_ = ::getpid();
+  thread_process_ = current_pid();
 }
 
 void RedisLeaseKeeper::stop() {
@@ -76,7 +77,7 @@ void RedisLeaseKeeper::stop() {
   wake_.notify_all();
   published_.notify_all();
   if (!thread_) return;
-  if (thread_process_ != ::getpid()) {
+  if (thread_process_ != current_pid()) {
     (void)thread_.release();  // a forked copy: the thread is the parent's
     return;
   }
@@ -97,7 +98,7 @@ void RedisLeaseKeeper::update_record(const std::string& record_json) {
   wake_.notify_all();
   // Wait for the renewal that carries it, unless nothing renews here (no thread in this process,
   // stopped for a fork) or this is the renewal thread itself (an on_lost callback).
-  const bool renewing_here = thread_ && thread_process_ == ::getpid() && !stopping_ &&
+  const bool renewing_here = thread_ && thread_process_ == current_pid() && !stopping_ &&
                              std::this_thread::get_id() != thread_->get_id();
   if (!renewing_here) return;
   published_.wait_for(lock, call_timeout(terms_.ttl), [&] {
@@ -111,7 +112,7 @@ void RedisLeaseKeeper::on_lost(std::function<void(const std::string&)> callback)
 }
 
 bool RedisLeaseKeeper::belongs_to_this_process() const {
-  return !thread_ || thread_process_ == ::getpid();
+  return !thread_ || thread_process_ == current_pid();
 }
 
 void RedisLeaseKeeper::prepare_fork() {
@@ -154,7 +155,7 @@ std::uint64_t RedisLeaseKeeper::verify() {
   std::unique_ptr<RedisConnection> own;
   std::optional<RedisConnectionLoan> loan;
   RedisConnection* connection = nullptr;
-  if (thread_process_ == ::getpid()) {
+  if (thread_process_ == current_pid()) {
     loan.emplace(*connections_, call_timeout(terms_.ttl));
     connection = &**loan;
   } else {
