@@ -18,7 +18,7 @@
 
 #include "gpulock/error.hpp"
 #include "journal/journal_line.h"
-#include "process/current_pid.h"
+#include "util/current_pid.h"
 #include "util/fd.h"
 #include "util/random_id.h"
 

@@ -8,7 +8,7 @@
 #include <unordered_map>
 
 #include "backend/lease_state.h"
-#include "process/current_pid.h"
+#include "util/current_pid.h"
 #include "util/unix_time.h"
 
 namespace gpulock {

@@ -17,7 +17,7 @@
 #include "gpulock/error.hpp"
 #include "local/fork_guard.h"
 #include "local/gpu_lock_file.h"
-#include "process/current_pid.h"
+#include "util/current_pid.h"
 #include "util/fd.h"
 #include "util/quiet_pipe_write.h"
 #include "util/random_id.h"

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "process/current_pid.h"
+#include "util/current_pid.h"
 #include "util/strings.h"
 
 namespace gpulock {

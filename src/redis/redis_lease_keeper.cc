@@ -12,8 +12,8 @@
 #include <fmt/format.h>
 
 #include "gpulock/error.hpp"
-#include "process/current_pid.h"
 #include "redis/redis_scripts.h"
+#include "util/current_pid.h"
 #include "util/signals_blocked.h"
 #include "util/strings.h"
 

@@ -1,6 +1,6 @@
-// current_pid (src/process/current_pid.h): getpid() read once, and read again in a fork child,
+// current_pid (src/util/current_pid.h): getpid() read once, and read again in a fork child,
 // also in the child of a child and after threads asked before the fork.
-#include "process/current_pid.h"
+#include "util/current_pid.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>

@@ -1,5 +1,5 @@
-// This process's id, kept until the next fork() (process/current_pid.h).
-#include "process/current_pid.h"
+// This process's id, kept until the next fork() (util/current_pid.h).
+#include "util/current_pid.h"
 
 #include <pthread.h>
 #include <unistd.h>
