@@ -328,7 +328,7 @@ def test_forked_child_keeps_lease_after_parent_releases(gl):
         def worker(here):
             # A fork of a lease holder holds the lease too; it can also take its own lease.
             own = gpulock.lease(respect_visible_devices=False, set_env=False)
-            (here / "worker-own").write_text(json.dumps(own.indices))
+            report("worker-own", own.indices)  # atomically: the test reads it at once
             while not (here / "worker-exit").exists():
                 time.sleep(0.01)
 
