@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
     return exit_status_for(e.code());
   } catch (const std::system_error& e) {
     // fmt::print throws this when stdout cannot be written: a failed output, not a bug.
-    if (std::ferror(stdout)) return check_output(0, e.code().value());
+    if (std::ferror(stdout)) return check_output(exit_status, e.code().value());
     cli::print_error(fmt::format("internal error: {}", e.what()));
     return 70;
   } catch (const std::exception& e) {
