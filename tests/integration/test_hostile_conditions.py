@@ -57,18 +57,23 @@ def test_acquire_whose_output_cannot_be_written_releases_its_lease(gl):
     gl.wait_state(0, "free")
 
 
+def run_into_a_closed_pipe(gl, args, env):
+    """Runs gpulock ARGS with its stdout a pipe whose reader has gone."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(gl.cmd(*args), env=env, stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=HANG)
+    finally:
+        os.close(write_end)
+
+
 @pytest.mark.parametrize("args", [("status",), ("status", "--json")])
 def test_output_into_a_closed_pipe_ends_silently_as_a_filter_does(gl, args):
     # `gpulock status | head -1`: the reader is gone. Like any filter, gpulock dies of SIGPIPE
     # and says nothing. 64 GPUs as JSON overflow stdio's buffer, so a write fails while the
     # output is being printed; the table of 4 is written only when it ends.
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    try:
-        proc = subprocess.run(gl.cmd(*args), env=gl.env(fake="64"), stdout=write_end,
-                              stderr=subprocess.PIPE, text=True, timeout=HANG)
-    finally:
-        os.close(write_end)
+    proc = run_into_a_closed_pipe(gl, args, gl.env(fake="64"))
     assert proc.returncode == -signal.SIGPIPE, proc.stderr
     assert proc.stderr == ""
 
@@ -84,15 +89,9 @@ def test_output_to_a_full_disk_is_an_error(gl):
 
 def test_acquire_into_a_closed_pipe_releases_its_lease(gl):
     # 128 GPUs' UUIDs are more than stdio's buffer: the write fails while they are printed.
-    read_end, write_end = os.pipe()
-    os.close(read_end)
     env = gl.env(fake="128")
-    try:
-        proc = subprocess.run(gl.cmd("acquire", "-n", "128", "--for-pid", str(os.getpid())),
-                              env=env, stdout=write_end, stderr=subprocess.PIPE, text=True,
-                              timeout=HANG)
-    finally:
-        os.close(write_end)
+    proc = run_into_a_closed_pipe(gl, ("acquire", "-n", "128", "--for-pid", str(os.getpid())),
+                                  env)
     assert proc.returncode == 70, proc.stderr
     assert "released" in proc.stderr
     wait_until(lambda: json.loads(gl.run("status", "--json", env=env).stdout)["gpus"][127]

@@ -7,9 +7,8 @@ Two audits, independent of gpulock:
     removes it at its end; an existing marker means two jobs hold one GPU (an error file);
   - lost wake-ups: each job logs when it started and ended (CLOCK_MONOTONIC, shared by every
     process of the machine), the test logs when each request was started (in the churn, when
-    all pass a gate together), and from outside it
-    measures the longest time one GPU stayed idle while a request that could use it waited
-    (longest_stall). Per GPU rather than "fewer than all GPUs in use": hand-offs in progress on
+    all pass a gate together), and from outside it measures the longest time one GPU stayed
+    idle while a request that could use it waited (longest_stall). Per GPU rather than "fewer than all GPUs in use": hand-offs in progress on
     the other GPUs can keep that true for long stretches on a slow machine without anything
     being lost, while a lost wake-up leaves one GPU idle for the whole stall.
 
