@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <set>
+#include <string>
 #include <thread>
 
 #include <fmt/format.h>
@@ -24,6 +26,7 @@
 #include "redis/redis_lease_keeper.h"
 #include "redis/redis_request_scope.h"
 #include "redis/redis_scripts.h"
+#include "redis/wake_message.h"
 #include "util/random_id.h"
 #include "util/strings.h"
 
@@ -45,15 +48,21 @@ constexpr milliseconds kLeaveTimeout{250};
 // How much longer than a BLPOP's own timeout its reply may take to arrive.
 constexpr milliseconds kWakeMargin{250};
 
-// Blocks until the ticket's wake list has an entry (taking it) or `slice` passes; true if woken.
-// The socket may take a little longer than the server's own BLPOP timeout.
-bool wait_for_wake(RedisConnection& waker, const std::string& ticket_key, milliseconds slice) {
-  if (slice < milliseconds(1))
-    return waker.command({"LPOP", ticket_key}).type == RedisValue::Type::kString;
+// Blocks until the ticket's wake list has an entry (taking it) or `slice` passes: the wake (see
+// wake_message.h), or nullopt. The socket may take a little longer than BLPOP's own timeout.
+std::optional<std::string> wait_for_wake(RedisConnection& waker, const std::string& ticket_key,
+                                         milliseconds slice) {
+  if (slice < milliseconds(1)) {
+    RedisValue reply = waker.command({"LPOP", ticket_key});
+    if (reply.type != RedisValue::Type::kString) return std::nullopt;
+    return std::move(reply.text);
+  }
   waker.set_timeout(slice + kWakeMargin);
-  const RedisValue reply =
+  RedisValue reply =
       waker.command({"BLPOP", ticket_key, fmt::format("{:.3f}", slice.count() / 1000.0)});
-  return reply.type == RedisValue::Type::kArray;
+  if (reply.type != RedisValue::Type::kArray) return std::nullopt;
+  if (reply.elements.size() != 2) return std::string();
+  return std::move(reply.elements[1].text);
 }
 
 std::string join_names(const std::vector<std::string>& names) {
@@ -113,6 +122,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   bool warned_unreachable = false;
   bool has_waited = false;      // registered in the queue at least once
   bool token_unusable = false;  // the pool's token counter is unusable: retrying cannot help
+  PoolMoment planned;           // the pool as the last plan saw it: older wakes are no news
 
   while (true) {
     try {
@@ -132,6 +142,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       const Snapshot snap =
           registered_snapshot(*connection, any_host ? std::vector<std::string>() : hosts,
                               limited ? user : std::string(), local_devices);
+      planned = PoolMoment{snap.version, snap.server_us};
       if (ticket.id.empty() && has_waited &&
           std::any_of(snap.tickets.begin(), snap.tickets.end(),
                       [&](const Ticket& t) { return t.id == wanted.id; })) {
@@ -325,10 +336,15 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // queue is the one just planned, with this request at its back, so that plan stands and
         // this request goes to sleep without reading the queue again. A user under a
         // max_waiting limit plans again: the plan above let the newcomer past the limit.
-        const bool planned_queue_stands = entered.elements.size() == 2 &&
+        const bool planned_queue_stands = entered.elements.size() >= 2 &&
                                           entered.elements[1].integer == 1 &&
                                           !config_.limits_for(user).max_waiting.has_value();
         if (!planned_queue_stands) continue;
+        // The plan saw the pool as it is after the entry, too.
+        planned =
+            PoolMoment{entered.elements.size() == 4 ? entered.elements[2].text : "",
+                       entered.elements.size() == 4 ? parse_server_us(entered.elements[3].text)
+                                                    : std::uint64_t{0}};
       }
 
       // 3. Not served now: explain why, then sleep until something changes.
@@ -392,7 +408,9 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           slice = std::min(
               slice, std::chrono::ceil<milliseconds>(deadline - Clock::now()) + milliseconds(1));
         slice = std::max(slice, milliseconds(0));
-        bool woke = wait_for_wake(*waker, settings_.prefix() + "wake:" + ticket.id, slice);
+        const std::optional<std::string> wake =
+            wait_for_wake(*waker, settings_.prefix() + "wake:" + ticket.id, slice);
+        bool woke = wake && wake_is_news(*wake, planned);
         if (hooks.interrupted && hooks.interrupted())
           throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
         const auto now = Clock::now();

@@ -17,6 +17,7 @@
 #include "gpulock/version.hpp"
 #include "redis/device_record.h"
 #include "redis/redis_scripts.h"
+#include "redis/wake_message.h"
 #include "util/random_id.h"
 #include "util/strings.h"
 
@@ -248,6 +249,7 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
     out.held_elsewhere[elsewhere.elements[i].text] =
         static_cast<unsigned>(std::max<long long>(0, integer_of(elsewhere.elements[i + 1])));
   out.whole_pool = integer_of(element(reply, 7)) != 0;
+  out.server_us = parse_server_us(element(reply, 8).text);
   return out;
 }
 

@@ -85,6 +85,7 @@ class RedisBackend final : public LeaseBackend {
   struct Snapshot {
     std::string version;
     long long now_ms = 0;
+    std::uint64_t server_us = 0;  // the server's clock, microseconds (0: an older script's reply)
     std::vector<HostEntry> hosts;
     std::vector<Gpu> gpus;
     std::map<std::string, LeaseEntry> leases;

@@ -5,62 +5,67 @@ namespace gpulock::redis_scripts {
 namespace {
 
 // Shared by every script: the key prefix, the server's time, safe reads, and the version bump.
-#define GPULOCK_LUA_PRELUDE                                                                      \
-  "local P = string.sub(KEYS[1], 1, -8)\n"                                                       \
-  "local T = redis.call('TIME')\n"                                                               \
-  "local now_ms = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)\n"                   \
-  "local function get(k)\n"                                                                      \
-  "  local v = redis.pcall('GET', k)\n"                                                          \
-  "  if type(v) == 'table' then return '!garbage' end\n"                                         \
-  "  return v or ''\n"                                                                           \
-  "end\n"                                                                                        \
-  "local function hmget(k, ...)\n"                                                               \
-  "  local v = redis.pcall('HMGET', k, ...)\n"                                                   \
-  "  if v.err then return {} end\n"                                                              \
-  "  return v\n"                                                                                 \
-  "end\n"                                                                                        \
-  "local function bump(event)\n"                                                                 \
-  "  if type(redis.pcall('INCR', P .. 'version')) == 'table' then\n"                             \
-  "    redis.call('SET', P .. 'version', '1')\n"                                                 \
-  "  end\n"                                                                                      \
-  "  redis.call('PUBLISH', P .. 'events', event)\n"                                              \
-  "end\n"                                                                                        \
-  "local function someone_waits()\n"                                                             \
-  "  local n = redis.pcall('ZCARD', P .. 'queue')\n"                                             \
-  "  return type(n) ~= 'number' or n > 0\n"                                                      \
-  "end\n"                                                                                        \
-  "local function wake(id)\n"                                                                    \
-  "  if redis.call('EXISTS', P .. 'ticket:' .. id) == 0 then return false end\n"                 \
-  "  local k = P .. 'wake:' .. id\n"                                                             \
-  "  if redis.call('TYPE', k).ok ~= 'list' then redis.call('DEL', k) end\n"                      \
-  "  redis.call('LPUSH', k, '1')\n"                                                              \
-  "  redis.call('LTRIM', k, 0, 0)\n"                                                             \
-  "  redis.call('PEXPIRE', k, 60000)\n"                                                          \
-  "  return true\n"                                                                              \
-  "end\n"                                                                                        \
-  "local function wake_queue_head(host, count)\n"                                                \
-  "  local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1)\n"                               \
-  "  if members.err then return end\n"                                                           \
-  "  for _, id in ipairs(members) do\n"                                                          \
-  "    if count <= 0 then return end\n"                                                          \
-  "    local h = hmget(P .. 'ticket:' .. id, 'hosts')[1] or ''\n"                                \
-  "    if host == '' or h == '' or string.find('\\n' .. h, '\\n' .. host .. '\\n', 1, true) "    \
-  "then\n"                                                                                       \
-  "      -- A ticket renewed within the last 3 s (half its TTL) has a live waiter: it counts.\n" \
-  "      if wake(id) and redis.call('PTTL', P .. 'ticket:' .. id) > 3000 then\n"                 \
-  "        count = count - 1\n"                                                                  \
-  "      end\n"                                                                                  \
-  "    end\n"                                                                                    \
-  "  end\n"                                                                                      \
-  "end\n"                                                                                        \
-  "local function server_run()\n"                                                                \
-  "  local info = redis.call('INFO', 'server')\n"                                                \
-  "  return string.match(info, 'run_id:(%x+)') or '',\n"                                         \
-  "         tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0\n"                      \
-  "end\n"                                                                                        \
-  "local function own_key(k, kind)\n"                                                            \
-  "  local t = redis.call('TYPE', k).ok\n"                                                       \
-  "  if t ~= kind and t ~= 'none' then redis.call('DEL', k) end\n"                               \
+#define GPULOCK_LUA_PRELUDE                                                                       \
+  "local P = string.sub(KEYS[1], 1, -8)\n"                                                        \
+  "local T = redis.call('TIME')\n"                                                                \
+  "local now_ms = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)\n"                    \
+  "-- The server's clock in microseconds, as text: a wake and a snapshot are ordered by it.\n"    \
+  "local now_us = T[1] .. string.format('%06d', tonumber(T[2]))\n"                                \
+  "local function get(k)\n"                                                                       \
+  "  local v = redis.pcall('GET', k)\n"                                                           \
+  "  if type(v) == 'table' then return '!garbage' end\n"                                          \
+  "  return v or ''\n"                                                                            \
+  "end\n"                                                                                         \
+  "local function hmget(k, ...)\n"                                                                \
+  "  local v = redis.pcall('HMGET', k, ...)\n"                                                    \
+  "  if v.err then return {} end\n"                                                               \
+  "  return v\n"                                                                                  \
+  "end\n"                                                                                         \
+  "local function bump(event)\n"                                                                  \
+  "  if type(redis.pcall('INCR', P .. 'version')) == 'table' then\n"                              \
+  "    redis.call('SET', P .. 'version', '1')\n"                                                  \
+  "  end\n"                                                                                       \
+  "  redis.call('PUBLISH', P .. 'events', event)\n"                                               \
+  "end\n"                                                                                         \
+  "local function someone_waits()\n"                                                              \
+  "  local n = redis.pcall('ZCARD', P .. 'queue')\n"                                              \
+  "  return type(n) ~= 'number' or n > 0\n"                                                       \
+  "end\n"                                                                                         \
+  "local function wake(id)\n"                                                                     \
+  "  if redis.call('EXISTS', P .. 'ticket:' .. id) == 0 then return false end\n"                  \
+  "  local k = P .. 'wake:' .. id\n"                                                              \
+  "  if redis.call('TYPE', k).ok ~= 'list' then redis.call('DEL', k) end\n"                       \
+  "  -- What the waker knew: the pool's version and the server's time when it pushed the wake.\n" \
+  "  local version = get(P .. 'version')\n"                                                       \
+  "  if version == '' then version = '0' end\n"                                                   \
+  "  redis.call('LPUSH', k, version .. ' ' .. now_us)\n"                                          \
+  "  redis.call('LTRIM', k, 0, 0)\n"                                                              \
+  "  redis.call('PEXPIRE', k, 60000)\n"                                                           \
+  "  return true\n"                                                                               \
+  "end\n"                                                                                         \
+  "local function wake_queue_head(host, count)\n"                                                 \
+  "  local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1)\n"                                \
+  "  if members.err then return end\n"                                                            \
+  "  for _, id in ipairs(members) do\n"                                                           \
+  "    if count <= 0 then return end\n"                                                           \
+  "    local h = hmget(P .. 'ticket:' .. id, 'hosts')[1] or ''\n"                                 \
+  "    if host == '' or h == '' or string.find('\\n' .. h, '\\n' .. host .. '\\n', 1, true) "     \
+  "then\n"                                                                                        \
+  "      -- A ticket renewed within the last 3 s (half its TTL) has a live waiter: it counts.\n"  \
+  "      if wake(id) and redis.call('PTTL', P .. 'ticket:' .. id) > 3000 then\n"                  \
+  "        count = count - 1\n"                                                                   \
+  "      end\n"                                                                                   \
+  "    end\n"                                                                                     \
+  "  end\n"                                                                                       \
+  "end\n"                                                                                         \
+  "local function server_run()\n"                                                                 \
+  "  local info = redis.call('INFO', 'server')\n"                                                 \
+  "  return string.match(info, 'run_id:(%x+)') or '',\n"                                          \
+  "         tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0\n"                       \
+  "end\n"                                                                                         \
+  "local function own_key(k, kind)\n"                                                             \
+  "  local t = redis.call('TYPE', k).ok\n"                                                        \
+  "  if t ~= kind and t ~= 'none' then redis.call('DEL', k) end\n"                                \
   "end\n"
 
 // Fencing tokens in exact decimal text, never Lua numbers (doubles, exact only below 2^53). The
@@ -426,7 +431,7 @@ end
 local version = get(P .. 'version')
 if version == '' then version = '0' end
 return {version, now_ms, hosts_out, gpus_out, leases_out, tickets_out, elsewhere_out,
-        whole and 1 or 0}
+        whole and 1 or 0, now_us}
 )lua"};
 
 const RedisScript kAcquire{"acquire",
@@ -700,7 +705,8 @@ redis.call('HSET', P .. 'ticket:' .. ARGV[1], 'body', ARGV[3], 'user', ARGV[4], 
            ARGV[5] or '', 'run', (server_run()))
 redis.call('PEXPIRE', P .. 'ticket:' .. ARGV[1], tonumber(ARGV[2]))
 bump('enter')
-return {seq, unchanged}
+local version = get(P .. 'version')
+return {seq, unchanged, version, now_us}
 )lua"};
 
 const RedisScript kLeave{"leave", GPULOCK_LUA_PRELUDE R"lua(

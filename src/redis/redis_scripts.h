@@ -19,7 +19,8 @@ extern const RedisScript kRegister;
 
 // ARGV: scope (host names, each followed by a newline; "" = every host), user (or ""). The
 // scope widens to the hosts every queued ticket may use, and to every host when a ticket may use
-// any. Returns {version, server time ms, hosts, gpus, leases, tickets, elsewhere, whole}:
+// any. Returns {version, server time ms, hosts, gpus, leases, tickets, elsewhere, whole,
+// now_us}:
 //   hosts:     flat {name, registered_at ms, info}... of the scope's registered hosts
 //   gpus:      flat {uuid, host, info, readings, readings_at ms, lock value, lock pttl,
 //              shares}... where shares, for a GPU held by shared leases (lock value
@@ -30,6 +31,7 @@ extern const RedisScript kRegister;
 //   elsewhere: flat {user, GPUs}... held outside the scope by `user` and each queued user, from
 //              their `held:USER` sets (lease ids scored by expiry); empty when whole
 //   whole:     1 when the scope was every host
+//   now_us:    the server's clock in microseconds (decimal text), to order wakes after it
 // Drops queue entries whose ticket expired (dead waiters), and those not renewed since the
 // server started once it has been up 2 s (restored by an RDB or AOF), bumping the version and
 // waking the first live waiter. Its cost follows
@@ -89,7 +91,8 @@ extern const RedisScript kRenewShared;
 
 // ARGV: ticket id, ttl ms, body (JSON), user, hosts it may be served from (each followed by a
 // newline; "" = any), and optionally the version of the caller's snapshot. Joins the queue at
-// the back; returns {seq, 1 if the version was still the snapshot's before this entry, else 0}.
+// the back; returns {seq, 1 if the version was still the snapshot's before this entry, else 0,
+// the version after it, the server's clock in microseconds}.
 extern const RedisScript kEnter;
 
 // ARGV: ticket id. Leaves the queue, and wakes the first two waiters (wake:ID lists).
@@ -102,7 +105,10 @@ extern const RedisScript kLeave;
 extern const RedisScript kHeartbeat;
 
 // ARGV: ticket ids. Wakes each waiter whose ticket exists: pushes to its `wake:ID` list (kept at
-// one element), on which the waiter blocks (BLPOP). Returns how many were woken.
+// one element, the newest), on which the waiter blocks (BLPOP), "VERSION NOW_US": the pool's
+// version and the server's clock when it was pushed. Every script that wakes bumps the version
+// first, so a waiter whose last snapshot had the same version and a later clock had seen all
+// the wake tells of, and may ignore it. Returns how many were woken.
 extern const RedisScript kWake;
 
 }  // namespace gpulock::redis_scripts

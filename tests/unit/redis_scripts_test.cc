@@ -4,12 +4,15 @@
 // increasing when the server loses its data, and garbage in keys that is never trusted and
 // never makes a script fail.
 #include "redis/redis_scripts.h"
+#include "redis/wake_message.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -156,12 +159,16 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
   const RedisValue snap = Snapshot();
   const long long after = ServerMs();
   ASSERT_EQ(snap.type, Type::kArray);
-  ASSERT_EQ(snap.elements.size(), 8u);
+  ASSERT_EQ(snap.elements.size(), 9u);
   // version, server time in ms
   EXPECT_EQ(snap.elements[0].text, Version());
   ASSERT_EQ(snap.elements[1].type, Type::kInteger);
   EXPECT_GE(snap.elements[1].integer, before);
   EXPECT_LE(snap.elements[1].integer, after);
+  // ... and last, the same moment in microseconds, as text.
+  const std::uint64_t server_us = parse_server_us(snap.elements[8].text);
+  EXPECT_EQ(static_cast<long long>(server_us / 1000), snap.elements[1].integer)
+      << snap.elements[8].text;
   // hosts: {name, registered_at, info}...
   const auto hosts = Texts(snap.elements[2]);
   ASSERT_EQ(hosts.size(), 6u);
@@ -1057,22 +1064,65 @@ TEST_F(RedisScriptsTest, TheSnapshotReadsEachLockOfAHostAsItsValueOrGarbage) {
 TEST_F(RedisScriptsTest, EnterSaysWhetherThePoolWasStillTheCallersSnapshot) {
   Register("h1", 1);
   const std::string before = Version();
+  const long long start_ms = ServerMs();
   RedisValue r = conn_->run(redis_scripts::kEnter, {keys_.version()},
                             {"ticket-a", "60000", "{\"body\":1}", "waiter", "", before});
-  ASSERT_EQ(r.elements.size(), 2u);
+  ASSERT_EQ(r.elements.size(), 4u);
   EXPECT_EQ(r.elements[0].integer, 1);
   EXPECT_EQ(r.elements[1].integer, 1);
+  // The version after the entry, and the server's clock (microseconds) when it was made.
+  EXPECT_EQ(r.elements[2].text, Version());
+  EXPECT_NE(r.elements[2].text, before);
+  EXPECT_GE(static_cast<long long>(parse_server_us(r.elements[3].text) / 1000), start_ms);
+  EXPECT_LE(static_cast<long long>(parse_server_us(r.elements[3].text) / 1000), ServerMs());
   // The entry moved the version: a second entry made from the same snapshot is told.
   r = conn_->run(redis_scripts::kEnter, {keys_.version()},
                  {"ticket-b", "60000", "{\"body\":1}", "waiter", "", before});
-  ASSERT_EQ(r.elements.size(), 2u);
+  ASSERT_EQ(r.elements.size(), 4u);
   EXPECT_EQ(r.elements[0].integer, 2);
   EXPECT_EQ(r.elements[1].integer, 0);
   // Without a version, nothing is claimed.
   r = conn_->run(redis_scripts::kEnter, {keys_.version()},
                  {"ticket-c", "60000", "{\"body\":1}", "waiter", ""});
-  ASSERT_EQ(r.elements.size(), 2u);
+  ASSERT_EQ(r.elements.size(), 4u);
   EXPECT_EQ(r.elements[1].integer, 0);
+}
+
+TEST_F(RedisScriptsTest, AWakeCarriesTheVersionAfterItsScriptAndTheServersClock) {
+  Register("h1", 1);
+  Enter("ticket-a");
+  const std::string wake_key = keys_.prefix() + "wake:ticket-a";
+  // A planner's wake: the pool's version now, and a clock later than any snapshot before it.
+  const RedisValue snap = Snapshot();
+  ASSERT_EQ(conn_->run(redis_scripts::kWake, {keys_.version()}, {"ticket-a"}).integer, 1);
+  std::optional<PoolMoment> pushed = parse_wake_message(Cmd({"LPOP", wake_key}).text);
+  ASSERT_TRUE(pushed.has_value());
+  EXPECT_EQ(pushed->version, Version());
+  EXPECT_GT(pushed->server_us, parse_server_us(snap.elements[8].text));
+  // So a waiter that planned from that snapshot must plan again; one that planned after the
+  // wake, at the same version, need not.
+  const PoolMoment planned_before{snap.elements[0].text, parse_server_us(snap.elements[8].text)};
+  EXPECT_TRUE(
+      wake_is_news(fmt::format("{} {}", pushed->version, pushed->server_us), planned_before));
+  const RedisValue later = Snapshot();
+  EXPECT_FALSE(
+      wake_is_news(fmt::format("{} {}", pushed->version, pushed->server_us),
+                   PoolMoment{later.elements[0].text, parse_server_us(later.elements[8].text)}));
+
+  // A release wakes the queue's head after it bumped the version: the wake has the new one,
+  // which no snapshot taken before the release had.
+  const auto token = Take("lease-a", {U(0)});
+  ASSERT_EQ(token.at(0), "ok");
+  const RedisValue before_release = Snapshot();
+  Cmd({"DEL", wake_key});
+  Release("lease-a", {U(0)});
+  pushed = parse_wake_message(Cmd({"LPOP", wake_key}).text);
+  ASSERT_TRUE(pushed.has_value());
+  EXPECT_EQ(pushed->version, Version());
+  EXPECT_NE(pushed->version, before_release.elements[0].text);
+  EXPECT_TRUE(wake_is_news(fmt::format("{} {}", pushed->version, pushed->server_us),
+                           PoolMoment{before_release.elements[0].text,
+                                      parse_server_us(before_release.elements[8].text)}));
 }
 
 }  // namespace
