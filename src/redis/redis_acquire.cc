@@ -223,13 +223,16 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       }
       const Placement& mine = q.plan.of(me);
       // Whoever plans wakes the other waiters the plan serves now (or lets in again): a release
-      // wakes only the first waiters that may use its GPUs, and they pass the wake on.
+      // wakes only the first waiters that may use its GPUs, and they pass the wake on. A request
+      // served now wakes them from its acquire script, after it took its GPUs, so that they plan
+      // from a pool with its lease in it (woken before it, their acquires were refused as stale);
+      // the script wakes them when it refuses, too.
       std::vector<std::string> to_wake;
       for (const Placement& p : q.plan.order)
         if (p.request != me && p.request < snap.tickets.size() &&
             (p.standing == QueueStanding::kNext || p.may_enter))
           to_wake.push_back(q.tickets[p.request].id);
-      if (!to_wake.empty())
+      if (!to_wake.empty() && mine.standing != QueueStanding::kNext)
         connection->run(redis_scripts::kWake, {settings_.version_key()}, to_wake);
       if (mine.standing == QueueStanding::kNext) {
         std::string gpu_host;
@@ -254,7 +257,9 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
                                       user,
                                       gpu_host,
                                       wanted.id,  // our ticket, if the queue has it
-                                      limited ? "1" : "0"};
+                                      limited ? "1" : "0",
+                                      ""};
+        for (const std::string& id : to_wake) args.back() += id + "\n";
         for (const Gpu* g : chosen) args.push_back(g->device.uuid);
         const auto sent = Clock::now();
         const RedisValue reply =

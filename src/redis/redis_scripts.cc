@@ -441,29 +441,36 @@ const RedisScript kAcquire{"acquire",
 redis.call('PUBLISH', P .. 'events', 'acquiring')
 local id, ttl, expected = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local needed, mode = tonumber(ARGV[4]), ARGV[5]
+-- The waiters the caller's plan also serves, woken however this ends: after this script's own
+-- change (then they plan from a pool with this lease in it, rather than one it makes stale at
+-- once), and also when it is refused (the caller plans again, but they need not wait for it).
+local function finish(reply)
+  for ticket in string.gmatch(ARGV[11], '[^\n]+') do wake(ticket) end
+  return reply
+end
 if expected ~= '' then
   local version = get(P .. 'version')
   if version == '' then version = '0' end
-  if version ~= expected then return {'stale'} end
+  if version ~= expected then return finish({'stale'}) end
 elseif queue_has_live_ticket() then
-  return {'queue'}
+  return finish({'queue'})
 end
 local chosen = {}
-for i = 11, #ARGV do
+for i = 12, #ARGV do
   local uuid = ARGV[i]
   if redis.call('EXISTS', P .. 'lock:' .. uuid) == 0 and
      redis.call('EXISTS', P .. 'gpu:' .. uuid) == 1 then
     table.insert(chosen, uuid)
     if #chosen == needed then break end
   elseif mode == 'all' then
-    return {'busy'}
+    return finish({'busy'})
   end
 end
-if #chosen < needed then return {'busy'} end
-if redis.call('EXISTS', P .. 'lease:' .. id) == 1 then return {'busy'} end
+if #chosen < needed then return finish({'busy'}) end
+if redis.call('EXISTS', P .. 'lease:' .. id) == 1 then return finish({'busy'}) end
 -- Past 2^64 - 1 there is no next token: fail before writing anything.
 local token_text, last_token = next_token()
-if not token_text then return {'exhausted', last_token} end
+if not token_text then return finish({'exhausted', last_token}) end
 for _, k in ipairs(TOKEN_KEYS) do redis.call('SET', k, token_text) end
 for _, uuid in ipairs(chosen) do redis.call('SET', P .. 'lock:' .. uuid, id, 'PX', ttl) end
 own_key(P .. 'lease:' .. id, 'hash')
@@ -483,7 +490,7 @@ redis.call('ZADD', P .. 'held:' .. ARGV[7], now_ms + ttl, id)
 if had_ticket or ARGV[10] == '1' or someone_waits() then bump('acquire') end
 local out = {'ok', token_text}
 for _, uuid in ipairs(chosen) do table.insert(out, uuid) end
-return out
+return finish(out)
 )lua"};
 
 const RedisScript kRelease{"release", GPULOCK_LUA_PRELUDE GPULOCK_LUA_SHARES R"lua(

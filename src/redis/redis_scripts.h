@@ -40,7 +40,9 @@ extern const RedisScript kSnapshot;
 
 // ARGV: lease id, ttl ms, expected version ("" = only if nobody waits), needed, "all"|"any",
 // record (JSON), user, host, ticket id (""), limited ("1": the plan counted the user's GPUs
-// against a limit), candidate UUIDs in preference order...
+// against a limit), tickets to wake (each followed by a newline; see kWake: woken last, whatever
+// the reply, so after this lease's own bump when it succeeds), candidate UUIDs in preference
+// order...
 // Takes `needed` free candidates (all of them with "all"), or none. Returns
 // {"ok", token, UUIDs...}, {"busy"}, {"queue"} (someone waits: plan first), {"stale"}
 // (the version moved since the caller's snapshot: plan again) or {"exhausted", last token}

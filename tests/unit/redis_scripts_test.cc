@@ -1088,6 +1088,40 @@ TEST_F(RedisScriptsTest, EnterSaysWhetherThePoolWasStillTheCallersSnapshot) {
   EXPECT_EQ(r.elements[1].integer, 0);
 }
 
+TEST_F(RedisScriptsTest, AcquireWakesTheTicketsItIsGivenAfterItsOwnChange) {
+  Register("h1", 2);
+  Enter("ticket-a");
+  Enter("ticket-b");
+  const std::string wake_a = keys_.prefix() + "wake:ticket-a";
+  const std::string wake_b = keys_.prefix() + "wake:ticket-b";
+  AcquireArgs a;
+  a.lease_id = "lease-1";
+  a.candidates = {U(0)};
+  a.to_wake = {"ticket-a", "ticket-b", "ticket-gone"};
+  // Refused (the version moved): they are woken all the same (the caller plans again, and they
+  // need not wait for it), at the version that made the caller's plan stale.
+  a.expected_version = "not-the-version";
+  EXPECT_EQ(Texts(Acquire(a)).at(0), "stale");
+  for (const std::string& key : {wake_a, wake_b}) {
+    const std::optional<PoolMoment> pushed = parse_wake_message(Cmd({"LPOP", key}).text);
+    ASSERT_TRUE(pushed.has_value()) << key;
+    EXPECT_EQ(pushed->version, Version()) << key;
+  }
+  // Served: both live tickets are woken, with the version after the acquire's own bump, so a
+  // plan they make from then on sees this lease.
+  const std::string before = Version();
+  a.expected_version = before;
+  EXPECT_EQ(Texts(Acquire(a)).at(0), "ok");
+  const std::string after = Version();
+  EXPECT_NE(after, before);
+  for (const std::string& key : {wake_a, wake_b}) {
+    const std::optional<PoolMoment> pushed = parse_wake_message(Cmd({"LPOP", key}).text);
+    ASSERT_TRUE(pushed.has_value()) << key;
+    EXPECT_EQ(pushed->version, after) << key;
+  }
+  EXPECT_EQ(Cmd({"EXISTS", keys_.prefix() + "wake:ticket-gone"}).integer, 0);
+}
+
 TEST_F(RedisScriptsTest, AWakeCarriesTheVersionAfterItsScriptAndTheServersClock) {
   Register("h1", 1);
   Enter("ticket-a");

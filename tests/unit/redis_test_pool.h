@@ -73,7 +73,8 @@ struct AcquireArgs {
   std::string user = "tester";
   std::string host = "h1";
   std::string ticket;
-  bool limited = false;  // the plan counted the user's GPUs against a limit
+  bool limited = false;              // the plan counted the user's GPUs against a limit
+  std::vector<std::string> to_wake;  // tickets woken once it succeeded
   std::vector<std::string> candidates;
 };
 
@@ -88,7 +89,9 @@ inline RedisValue RunAcquire(RedisConnection& connection, const RedisPoolKeys& k
                                 a.user,
                                 a.host,
                                 a.ticket,
-                                a.limited ? "1" : "0"};
+                                a.limited ? "1" : "0",
+                                ""};
+  for (const auto& ticket : a.to_wake) args.back() += ticket + "\n";
   args.insert(args.end(), a.candidates.begin(), a.candidates.end());
   return connection.run(redis_scripts::kAcquire, {keys.version()}, args);
 }
