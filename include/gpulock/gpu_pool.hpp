@@ -37,7 +37,7 @@ struct PoolOptions {
   // waiters at once and do not depend on it.
   std::chrono::milliseconds health_recheck_interval{2000};
   // A safety re-check while waiting on leases only, in case an event was missed. Only the
-  // queue's dispatcher (its oldest waiter) uses it; the others re-check 6 times less often.
+  // queue's dispatcher (its oldest waiter) uses it; the others re-check 60 times less often.
   std::chrono::milliseconds safety_recheck_interval{10000};
   // The administrator's settings; load_config() (GPULOCK_CONFIG or /etc/gpulock/config.toml)
   // when unset.
