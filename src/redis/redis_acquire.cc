@@ -347,9 +347,9 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         if (!planned_queue_stands) continue;
         // The plan saw the pool as it is after the entry, too.
         planned =
-            PoolMoment{entered.elements.size() == 4 ? entered.elements[2].text : "",
-                       entered.elements.size() == 4 ? parse_server_us(entered.elements[3].text)
-                                                    : std::uint64_t{0}};
+            entered.elements.size() == 4
+                ? PoolMoment{entered.elements[2].text, parse_server_us(entered.elements[3].text)}
+                : PoolMoment{};
       }
 
       // 3. Not served now: explain why, then sleep until something changes.

@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 #include <thread>
 
@@ -57,9 +56,7 @@ std::uint64_t wanted_units(const LeaseRequest& request, std::uint64_t total) {
 }
 
 std::uint64_t units_of(const std::string& text) {
-  std::uint64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  return error == std::errc() && end == text.data() + text.size() ? value : 0;
+  return whole_number<std::uint64_t>(text).value_or(0);
 }
 
 std::string describe_share(const LeaseRequest& request) {

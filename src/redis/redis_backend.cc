@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -36,14 +35,6 @@ constexpr std::size_t kMostParsedDevices = 2048;
 // Queued tickets parsed and kept (a few hundred bytes each).
 constexpr std::size_t kMostParsedTickets = 8192;
 
-template <typename T>
-std::optional<T> number(const std::string& text) {
-  T value{};
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size()) return std::nullopt;
-  return value;
-}
-
 const RedisValue& element(const RedisValue& array, std::size_t i) {
   static const RedisValue nil;
   return array.type == RedisValue::Type::kArray && i < array.elements.size() ? array.elements[i]
@@ -52,7 +43,7 @@ const RedisValue& element(const RedisValue& array, std::size_t i) {
 
 long long integer_of(const RedisValue& value) {
   if (value.type == RedisValue::Type::kInteger) return value.integer;
-  return number<long long>(value.text).value_or(0);
+  return whole_number<long long>(value.text).value_or(0);
 }
 
 }  // namespace
@@ -156,9 +147,9 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
 
   const RedisValue& hosts = element(reply, 2);
   for (std::size_t i = 0; i + 2 < hosts.elements.size(); i += 3)
-    out.hosts.push_back(
-        HostEntry{hosts.elements[i].text,
-                  static_cast<long long>(number<double>(hosts.elements[i + 1].text).value_or(0))});
+    out.hosts.push_back(HostEntry{
+        hosts.elements[i].text,
+        static_cast<long long>(whole_number<double>(hosts.elements[i + 1].text).value_or(0))});
 
   const RedisValue& gpus = element(reply, 3);
   {
@@ -180,8 +171,8 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
       for (const std::string& line : split(gpus.elements[i + 7].text, '\n')) {
         const std::vector<std::string> fields = split(line, ' ');
         if (fields.size() != 3 || !is_lease_id(fields[0])) continue;
-        const auto units = number<std::uint64_t>(fields[1]);
-        const auto ttl = number<long long>(fields[2]);
+        const auto units = whole_number<std::uint64_t>(fields[1]);
+        const auto ttl = whole_number<long long>(fields[2]);
         if (!units || !ttl) continue;
         gpu.shares.push_back(Share{fields[0], *units, *ttl});
       }
@@ -220,7 +211,7 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
     const std::string& id = leases.elements[i].text;
     entry.record = parse_holder_record(leases.elements[i + 1].text);
     if (entry.record && entry.record->lease_id != id) entry.record.reset();
-    entry.token = number<std::uint64_t>(leases.elements[i + 2].text).value_or(0);
+    entry.token = whole_number<std::uint64_t>(leases.elements[i + 2].text).value_or(0);
     entry.ttl_ms = integer_of(leases.elements[i + 3]);
     out.leases.emplace(id, std::move(entry));
   }
@@ -229,7 +220,7 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
   for (std::size_t i = 0; i + 5 < tickets.elements.size(); i += 6) {
     const std::string& id = tickets.elements[i].text;
     std::optional<Ticket> ticket = queued_ticket(tickets.elements[i + 2].text);
-    const auto seq = number<double>(tickets.elements[i + 1].text);
+    const auto seq = whole_number<double>(tickets.elements[i + 1].text);
     if (!ticket || ticket->id != id || !seq || *seq < 1 || *seq > 9e15) {
       out.warnings.push_back(
           fmt::format("queue entry {} is unreadable and ignored", sanitize_for_display(id, 40)));
@@ -239,7 +230,7 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
     out.ticket_uids.push_back(ticket->uid);
     out.ticket_ttl_ms.push_back(integer_of(tickets.elements[i + 5]));
     ticket->uid = plan_uid(ticket->user);
-    if (const auto served = number<std::int64_t>(tickets.elements[i + 4].text))
+    if (const auto served = whole_number<std::int64_t>(tickets.elements[i + 4].text))
       out.user_last_served[ticket->user] = *served;
     out.tickets.push_back(std::move(*ticket));
   }

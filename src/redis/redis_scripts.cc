@@ -21,6 +21,12 @@ namespace {
   "  if v.err then return {} end\n"                                                               \
   "  return v\n"                                                                                  \
   "end\n"                                                                                         \
+  "-- The pool's version as text; '0' before the first bump.\n"                                   \
+  "local function current_version()\n"                                                            \
+  "  local v = get(P .. 'version')\n"                                                             \
+  "  if v == '' then return '0' end\n"                                                            \
+  "  return v\n"                                                                                  \
+  "end\n"                                                                                         \
   "local function bump(event)\n"                                                                  \
   "  if type(redis.pcall('INCR', P .. 'version')) == 'table' then\n"                              \
   "    redis.call('SET', P .. 'version', '1')\n"                                                  \
@@ -36,9 +42,7 @@ namespace {
   "  local k = P .. 'wake:' .. id\n"                                                              \
   "  if redis.call('TYPE', k).ok ~= 'list' then redis.call('DEL', k) end\n"                       \
   "  -- What the waker knew: the pool's version and the server's time when it pushed the wake.\n" \
-  "  local version = get(P .. 'version')\n"                                                       \
-  "  if version == '' then version = '0' end\n"                                                   \
-  "  redis.call('LPUSH', k, version .. ' ' .. now_us)\n"                                          \
+  "  redis.call('LPUSH', k, current_version() .. ' ' .. now_us)\n"                                \
   "  redis.call('LTRIM', k, 0, 0)\n"                                                              \
   "  redis.call('PEXPIRE', k, 60000)\n"                                                           \
   "  return true\n"                                                                               \
@@ -428,9 +432,7 @@ if not whole then
     end
   end
 end
-local version = get(P .. 'version')
-if version == '' then version = '0' end
-return {version, now_ms, hosts_out, gpus_out, leases_out, tickets_out, elsewhere_out,
+return {current_version(), now_ms, hosts_out, gpus_out, leases_out, tickets_out, elsewhere_out,
         whole and 1 or 0, now_us}
 )lua"};
 
@@ -449,9 +451,7 @@ local function finish(reply)
   return reply
 end
 if expected ~= '' then
-  local version = get(P .. 'version')
-  if version == '' then version = '0' end
-  if version ~= expected then return finish({'stale'}) end
+  if current_version() ~= expected then return finish({'stale'}) end
 elseif queue_has_live_ticket() then
   return finish({'queue'})
 end
@@ -695,11 +695,7 @@ const RedisScript kEnter{"enter", GPULOCK_LUA_PRELUDE R"lua(
 -- ARGV[6], if given, is the version of the caller's snapshot: the reply says whether the pool
 -- was still that one (so that the caller's plan, with itself at the back, stands).
 local unchanged = 0
-if ARGV[6] and ARGV[6] ~= '' then
-  local version = get(P .. 'version')
-  if version == '' then version = '0' end
-  if version == ARGV[6] then unchanged = 1 end
-end
+if ARGV[6] and ARGV[6] ~= '' and current_version() == ARGV[6] then unchanged = 1 end
 local seq = redis.pcall('INCR', P .. 'queue_seq')
 if type(seq) == 'table' then
   redis.call('SET', P .. 'queue_seq', '1')
@@ -712,8 +708,7 @@ redis.call('HSET', P .. 'ticket:' .. ARGV[1], 'body', ARGV[3], 'user', ARGV[4], 
            ARGV[5] or '', 'run', (server_run()))
 redis.call('PEXPIRE', P .. 'ticket:' .. ARGV[1], tonumber(ARGV[2]))
 bump('enter')
-local version = get(P .. 'version')
-return {seq, unchanged, version, now_us}
+return {seq, unchanged, current_version(), now_us}
 )lua"};
 
 const RedisScript kLeave{"leave", GPULOCK_LUA_PRELUDE R"lua(

@@ -1,16 +1,12 @@
 // Reading the wakes of the Redis queue (redis/wake_message.h).
 #include "redis/wake_message.h"
 
-#include <charconv>
+#include "util/strings.h"
 
 namespace gpulock {
 
 std::uint64_t parse_server_us(std::string_view text) {
-  if (text.empty() || text.size() > 20) return 0;
-  std::uint64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size()) return 0;
-  return value;
+  return whole_number<std::uint64_t>(text).value_or(0);
 }
 
 std::optional<PoolMoment> parse_wake_message(std::string_view text) {
