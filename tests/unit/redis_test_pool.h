@@ -74,7 +74,7 @@ struct AcquireArgs {
   std::string host = "h1";
   std::string ticket;
   bool limited = false;              // the plan counted the user's GPUs against a limit
-  std::vector<std::string> to_wake;  // tickets woken once it succeeded
+  std::vector<std::string> to_wake;  // tickets it wakes last, whatever it replies
   std::vector<std::string> candidates;
 };
 
