@@ -120,7 +120,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   std::string last_progress;
   bool first_round = true;
   bool warned_unreachable = false;
-  bool has_waited = false;      // registered in the queue at least once
+  bool has_waited = false;      // asked to join the queue at least once
   bool token_unusable = false;  // the pool's token counter is unusable: retrying cannot help
   PoolMoment planned;           // the pool as the last plan saw it: older wakes are no news
 
@@ -330,12 +330,15 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         std::string ticket_hosts;
         if (!any_host)
           for (const auto& host : hosts) ticket_hosts += host + "\n";
+        // Waiting from now on, even if the answer is lost: the server may have run the entry
+        // and then died or restarted before answering. An outage is then waited out like any
+        // other, and the ticket, if it is back, keeps its place.
+        has_waited = true;
         const RedisValue entered =
             connection->run(redis_scripts::kEnter, {settings_.version_key()},
                             {wanted.id, std::to_string(kTicketTtl.count()),
                              serialize_ticket(wanted), user, ticket_hosts, snap.version});
         ticket.id = wanted.id;
-        has_waited = true;
         next_heartbeat = Clock::now() + kHeartbeat;
         // Nothing changed between the snapshot and the entry (the version had not moved): the
         // queue is the one just planned, with this request at its back, so that plan stands and
@@ -434,7 +437,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     } catch (const Error& error) {
       // Redis went away while this request waits in the queue: keep waiting (its ticket expires
       // meanwhile, so it joins again at the back), retrying every second until the deadline.
-      // Before the request has waited, an unreachable server is an error (exit 69).
+      // Before the request asked to join the queue, an unreachable server is an error (exit 69).
       if (error.code() != ErrorCode::kEnvironment || !has_waited || token_unusable) throw;
       if (Clock::now() >= deadline) throw;
       if (!warned_unreachable)

@@ -23,6 +23,7 @@ pytest.register_assert_rewrite("conftest_redis")  # before its first import
 from conftest_redis import (  # noqa: E402
     DEFAULT_TTL_SECONDS, RedisWorld, assert_no_crash, closed_port, read_env_output)
 from redis_server import RespConnection  # noqa: E402
+from tcp_proxy import TcpProxy  # noqa: E402
 
 SIGTERM_STATUS = 128 + signal.SIGTERM
 
@@ -249,6 +250,38 @@ def test_redis_stopped_kill_stops_the_command(rw):
     rw.server.stop()
     assert holder.bg.wait(timeout=HANG) == SIGTERM_STATUS, holder.bg.describe()
     assert "lost" in holder.bg.stderr()
+
+
+# -- an outage between running a request and answering it -----------------------------------------
+
+def test_a_waiter_whose_entry_ran_but_was_never_answered_waits_out_the_outage(rw):
+    """The server runs a waiter's entry into the queue and goes away before answering (it
+    died, or restarted). The waiter is in the queue: it must wait out the outage as any waiter
+    does, not fail as a request that could not reach the server at all would (exit 69). A proxy
+    cuts every connection and stops listening right after the entry ran."""
+    rw.register("node-a", gpus=1)
+    holder = rw.hold("-n", "1")
+    proxy = TcpProxy(rw.server.port)
+    try:
+        proxy.cut_after(b'"enqueued_at"')  # only a ticket carries it: the entry's request
+        served = rw.tmp / "served"
+        waiter = rw.spawn("run", "-n", "1", "--", "sh", "-c", 'touch "$1"', "waiter", served,
+                          env=rw.env(url=proxy.url()))
+        wait_until(lambda: proxy.cut.is_set() or not waiter.alive(), timeout=HANG,
+                   what="the entry to run and be cut off")
+        assert proxy.cut.is_set(), waiter.describe()
+        assert rw.server.command("ZCARD", rw.key("queue")) == 1, "the entry did not run"
+        # The waiter finds the server gone: it must say it keeps waiting, and keep waiting.
+        wait_until(lambda: "still waiting" in waiter.stderr() or not waiter.alive(),
+                   timeout=HANG, what="the waiter to meet the outage")
+        assert waiter.alive(), waiter.describe()
+        proxy.resume()
+        assert holder.finish() == 0, holder.bg.describe()
+        assert waiter.wait() == 0, waiter.describe()
+        assert served.exists(), waiter.describe()
+        assert "answers again" in waiter.stderr(), waiter.describe()
+    finally:
+        proxy.close()
 
 
 # -- CLIENT PAUSE past the TTL --------------------------------------------------------------------
