@@ -1,7 +1,8 @@
 """The Redis backend when things go wrong: wrong password or address (exit 69, password masked,
 no fallback to local locks), a SIGKILLed holder (its GPUs come back when Redis expires its keys),
 Redis stopped, restarted empty or paused (CLIENT PAUSE) past the lease TTL with
---on-lease-loss=warn|kill, and garbage in the pool's keys (never a crash, never a GPU twice).
+--on-lease-loss=warn|kill, an outage between running a waiter's entry and answering it (a proxy
+cuts it), and garbage in the pool's keys (never a crash, never a GPU twice).
 
 TTLs are short (2 s, or 4 s where a restart must fit in one). No assertion depends on how fast
 this machine is: where the order of events matters, the test checks it with Redis itself (a key
