@@ -120,6 +120,29 @@ namespace {
   "  return text\n"                                                                 \
   "end\n"
 
+// What an acquire of lease `id` among `candidates` answered, if it ran before: {'ok', token,
+// uuid[, units]...}, else nil. A lease id is random, one per attempt, so only that very request
+// can have made the lease (its answer was lost and the connection sent it again); a lease whose
+// GPUs are not among the candidates is another request's. Needs GPULOCK_LUA_PRELUDE.
+#define GPULOCK_LUA_EARLIER_ACQUIRE                                              \
+  "local function earlier_acquire(id, with_units, candidates)\n"                 \
+  "  local f = hmget(P .. 'lease:' .. id, 'token', 'gpus', 'units')\n"           \
+  "  if not f[1] or not f[2] or (with_units and not f[3]) then return nil end\n" \
+  "  local asked = {}\n"                                                         \
+  "  for _, uuid in ipairs(candidates) do asked[uuid] = true end\n"              \
+  "  local out, units, i = {'ok', f[1]}, {}, 0\n"                                \
+  "  if with_units then\n"                                                       \
+  "    for u in string.gmatch(f[3], '[^,]+') do table.insert(units, u) end\n"    \
+  "  end\n"                                                                      \
+  "  for uuid in string.gmatch(f[2], '[^,]+') do\n"                              \
+  "    if not asked[uuid] then return nil end\n"                                 \
+  "    i = i + 1\n"                                                              \
+  "    table.insert(out, uuid)\n"                                                \
+  "    if with_units then table.insert(out, units[i] or '0') end\n"              \
+  "  end\n"                                                                      \
+  "  return out\n"                                                               \
+  "end\n"
+
 // Whether a live ticket waits in the pool's queue: queue_has_live_ticket() removes, on the way,
 // the tickets whose key has expired (dead waiters'). Needs GPULOCK_LUA_PRELUDE.
 #define GPULOCK_LUA_QUEUE                                                        \
@@ -436,8 +459,9 @@ return {current_version(), now_ms, hosts_out, gpus_out, leases_out, tickets_out,
         whole and 1 or 0, now_us}
 )lua"};
 
-const RedisScript kAcquire{"acquire",
-                           GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_QUEUE R"lua(
+const RedisScript kAcquire{
+    "acquire",
+    GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_EARLIER_ACQUIRE GPULOCK_LUA_QUEUE R"lua(
 -- First, before any write (a script error undoes nothing): a user whom the server refuses the
 -- pool's channel fails here, at once, not only once someone waits.
 redis.call('PUBLISH', P .. 'events', 'acquiring')
@@ -450,6 +474,10 @@ local function finish(reply)
   for ticket in string.gmatch(ARGV[11], '[^\n]+') do wake(ticket) end
   return reply
 end
+-- This very request again: answer as its first run did, rather than refuse it and leave that
+-- run's lease to lock the GPUs until its TTL ends.
+local earlier = earlier_acquire(id, false, {unpack(ARGV, 12)})
+if earlier then return finish(earlier) end
 if expected ~= '' then
   if current_version() ~= expected then return finish({'stale'}) end
 elseif queue_has_live_ticket() then
@@ -557,11 +585,16 @@ return renew_lease(id, ttl, ARGV[5], ARGV[3],
                     'user', ARGV[5], 'host', ARGV[6], 'ttl', ARGV[2]}, restored)
 )lua"};
 
-const RedisScript kAcquireShared{
-    "acquire_shared",
-    GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_QUEUE GPULOCK_LUA_SHARES R"lua(
+const RedisScript kAcquireShared{"acquire_shared",
+                                 GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_EARLIER_ACQUIRE
+                                     GPULOCK_LUA_QUEUE GPULOCK_LUA_SHARES R"lua(
 redis.call('PUBLISH', P .. 'events', 'acquiring')
 local id, ttl = ARGV[1], tonumber(ARGV[2])
+-- This very request again (its answer lost): answer as its first run did.
+local asked = {}
+for i = 9, #ARGV - 3, 4 do table.insert(asked, ARGV[i]) end
+local earlier = earlier_acquire(id, true, asked)
+if earlier then return earlier end
 local needed, cap, spread = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
 -- No shared lease starts while a request waits in the queue: those are for whole GPUs, and a
 -- stream of small jobs must not starve them.
@@ -696,10 +729,19 @@ const RedisScript kEnter{"enter", GPULOCK_LUA_PRELUDE R"lua(
 -- was still that one (so that the caller's plan, with itself at the back, stands).
 local unchanged = 0
 if ARGV[6] and ARGV[6] ~= '' and current_version() == ARGV[6] then unchanged = 1 end
-local seq = redis.pcall('INCR', P .. 'queue_seq')
-if type(seq) == 'table' then
-  redis.call('SET', P .. 'queue_seq', '1')
-  seq = 1
+-- A live ticket of this id is this very entry, sent again after its answer was lost (ticket ids
+-- are random): it keeps its place.
+local seq
+if redis.call('EXISTS', P .. 'ticket:' .. ARGV[1]) == 1 then
+  local score = redis.pcall('ZSCORE', P .. 'queue', ARGV[1])
+  if type(score) == 'string' then seq = tonumber(score) end
+end
+if not seq then
+  seq = redis.pcall('INCR', P .. 'queue_seq')
+  if type(seq) == 'table' then
+    redis.call('SET', P .. 'queue_seq', '1')
+    seq = 1
+  end
 end
 own_key(P .. 'queue', 'zset')
 redis.call('ZADD', P .. 'queue', seq, ARGV[1])

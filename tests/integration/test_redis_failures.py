@@ -285,6 +285,35 @@ def test_a_waiter_whose_entry_ran_but_was_never_answered_waits_out_the_outage(rw
         proxy.close()
 
 
+def test_an_acquire_sent_again_after_its_answer_was_lost_is_answered_as_the_first_time(rw):
+    """The server runs an acquire and drops the connection before answering; the client's
+    connection connects again and sends it again. The acquire must be answered as its first
+    run was (the same lease and token), not refused as busy with the GPU locked by its own first
+    run until that lease's TTL ends (a --no-wait request then failed, exit 75)."""
+    rw.register("node-a", gpus=1)
+    assert rw.run_no_wait("-n", "1").returncode == 0  # the pool's first token is set
+    token_before = int(rw.server.command("GET", rw.key("token")))
+    proxy = TcpProxy(rw.server.port)
+    try:
+        # The label is in the acquire's holder record: with the GPU free, it is the first
+        # request that carries it.
+        proxy.cut_after(b"resent-acquire", only_that_connection=True)
+        report = rw.tmp / "lease"
+        result = rw.run("run", "-n", "1", "--no-wait", "--label", "resent-acquire", "--", "sh",
+                        "-c", 'echo "$GPULOCK_LEASE_ID $GPULOCK_FENCING_TOKEN" > "$1"', "job",
+                        report, env=rw.env(url=proxy.url()))
+        assert proxy.cut.is_set(), "the acquire was not cut: " + result.stderr
+        assert result.returncode == 0, result.stderr
+        lease_id, token = report.read_text().split()
+        # The run's token is the last one given: no other acquire ran after the first.
+        assert int(rw.server.command("GET", rw.key("token"))) == int(token) > token_before
+        # Its release found its own lease: nothing is left locked.
+        assert rw.server.command("EXISTS", rw.key("lease:" + lease_id)) == 0
+        assert rw.pool_keys() and not [k for k in rw.pool_keys() if ":lock:" in k]
+    finally:
+        proxy.close()
+
+
 # -- CLIENT PAUSE past the TTL --------------------------------------------------------------------
 
 PAUSE_MS = 8_000  # 4 TTLs: the loss must be seen while the server is still paused

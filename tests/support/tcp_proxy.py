@@ -2,7 +2,9 @@
 moment: `cut_after(marker)` lets the first request that carries `marker` through, waits for the
 server's answer (so the request surely ran), and then, instead of passing the answer on, closes
 every connection and stops listening, as a server that dies between running a command and
-answering it would. `resume()` listens again on the same port.
+answering it would; `resume()` listens again on the same port. With `only_that_connection`, it
+closes that request's connection alone and keeps listening, as a server that drops one client
+(CLIENT KILL, a restart quicker than the client's next connect) would.
 """
 
 import select
@@ -22,6 +24,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._connections = []  # (client socket, server socket)
         self._marker = None
+        self._cut_one = False
         self._stopped = False
         self.cut = threading.Event()  # set once the marked request ran and was cut off
         self._listener = self._listen(0)
@@ -31,10 +34,11 @@ class TcpProxy:
     def url(self, db=0):
         return "redis://%s:%d/%d" % (self.host, self.port, db)
 
-    def cut_after(self, marker):
+    def cut_after(self, marker, only_that_connection=False):
         """Arms the cut: the first request whose bytes contain `marker` (bytes)."""
         with self._lock:
             self._marker = marker
+            self._cut_one = only_that_connection
 
     def resume(self):
         """Listens again, on the same port, after a cut."""
@@ -145,8 +149,11 @@ class TcpProxy:
                         answered = True  # the client gave up; the request may have run
                     else:
                         server.sendall(data)
-        with self._lock:
-            self._drop_all()
+        if self._cut_one:
+            self._close_pair(client, server)
+        else:
+            with self._lock:
+                self._drop_all()
         self.cut.set()
 
     def _close_pair(self, client, server):

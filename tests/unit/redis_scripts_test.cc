@@ -415,6 +415,37 @@ TEST_F(RedisScriptsTest, AcquireWithAStaleVersionIsRefused) {
   EXPECT_FALSE(Exists(keys_.lock(U(0))));
 }
 
+// A connection that lost an acquire's answer sends it again: the same lease id (random, one per
+// attempt) finds its own lease and gets the first run's answer, even at a version it made stale,
+// rather than "busy" with its own first run's lock on the GPU; no second token is spent.
+TEST_F(RedisScriptsTest, AnAcquireSentAgainGetsItsFirstAnswer) {
+  Register("h1", 2);
+  Enter("someone");  // an acquire then moves the version: the same request again is stale
+  AcquireArgs a;
+  a.lease_id = "lease-again";
+  a.expected_version = Version();
+  a.candidates = {U(0)};
+  const std::vector<std::string> first = Texts(Acquire(a));
+  ASSERT_EQ(first.size(), 3u);
+  ASSERT_EQ(first.at(0), "ok");
+  const std::string token = Get(keys_.prefix() + "token");
+  EXPECT_NE(Version(), a.expected_version);
+  EXPECT_EQ(Texts(Acquire(a)), first);
+  EXPECT_EQ(Get(keys_.prefix() + "token"), token);
+  EXPECT_EQ(Get(keys_.lock(U(0))), "lease-again");
+  EXPECT_FALSE(Exists(keys_.lock(U(1))));
+  // A shared acquire sent again: its GPUs and units, one reservation.
+  const auto shared = TakeShared("lease-shared-again", {U(1)}, 40);
+  ASSERT_EQ(shared.at(0), "queue");  // no shared lease starts while a ticket waits
+  Cmd({"DEL", keys_.prefix() + "queue"});
+  const auto taken = TakeShared("lease-shared-again", {U(1)}, 40);
+  ASSERT_EQ(taken, (std::vector<std::string>{"ok", taken.at(1), U(1), "40"}));
+  EXPECT_EQ(TakeShared("lease-shared-again", {U(1)}, 40), taken);
+  EXPECT_EQ(Shares(U(1)).size(), 1u);
+  // Another id is refused as before.
+  EXPECT_EQ(Take("lease-other", {U(0)}), (std::vector<std::string>{"busy"}));
+}
+
 // Plans depend on the free GPUs only through the queue (and limits): with nobody waiting, an
 // acquire or release elsewhere in the pool leaves the version, so concurrent requests on other
 // hosts do not make each other plan again.
@@ -506,6 +537,18 @@ TEST_F(RedisScriptsTest, EnterAndLeaveTheQueue) {
   EXPECT_NE(Version(), version);
   // Leaving twice is harmless.
   EXPECT_NO_THROW(conn_->run(redis_scripts::kLeave, {keys_.version()}, {"a"}));
+}
+
+// An entry sent again after its answer was lost (the same random ticket id, its ticket live)
+// keeps its place; a ticket whose key expired (its waiter stopped renewing) joins at the back.
+TEST_F(RedisScriptsTest, AnEntrySentAgainKeepsItsPlace) {
+  EXPECT_EQ(Enter("a").integer, 1);
+  EXPECT_EQ(Enter("b").integer, 2);
+  EXPECT_EQ(Enter("a").integer, 1);
+  EXPECT_EQ(Cmd({"ZSCORE", keys_.queue(), "a"}).text, "1");
+  Cmd({"DEL", keys_.ticket("a")});
+  EXPECT_EQ(Enter("a").integer, 3);
+  EXPECT_EQ(Cmd({"ZSCORE", keys_.queue(), "a"}).text, "3");
 }
 
 TEST_F(RedisScriptsTest, SnapshotDropsTicketsThatExpired) {
