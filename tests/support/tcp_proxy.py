@@ -140,21 +140,17 @@ class TcpProxy:
             if not ready:
                 break  # the hang guard: cut anyway
             for source in ready:
-                data = source.recv(65536) if source is server else b""
-                if source is server:
-                    answered = True
+                data = source.recv(65536)
+                if source is server or not data:
+                    answered = True  # the answer (the request ran), or the client gave up
                 else:
-                    data = client.recv(65536)
-                    if not data:
-                        answered = True  # the client gave up; the request may have run
-                    else:
-                        server.sendall(data)
+                    server.sendall(data)
+        self.cut.set()  # before the client can see the cut and go on
         if self._cut_one:
             self._close_pair(client, server)
         else:
             with self._lock:
                 self._drop_all()
-        self.cut.set()
 
     def _close_pair(self, client, server):
         with self._lock:
