@@ -435,8 +435,9 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         if (woke || now >= wake_at || now >= deadline || hooks.progress_refresh) break;
       }
     } catch (const Error& error) {
-      // Redis went away while this request waits in the queue: keep waiting (its ticket expires
-      // meanwhile, so it joins again at the back), retrying every second until the deadline.
+      // Redis went away while this request waits in the queue: keep waiting, retrying every
+      // second until the deadline (if its ticket is gone when Redis answers, it joins again at
+      // the back; a ticket still there, or back from an AOF or RDB, keeps its place).
       // Before the request asked to join the queue, an unreachable server is an error (exit 69).
       if (error.code() != ErrorCode::kEnvironment || !has_waited || token_unusable) throw;
       if (Clock::now() >= deadline) throw;

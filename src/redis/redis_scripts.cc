@@ -120,16 +120,17 @@ namespace {
   "  return text\n"                                                                 \
   "end\n"
 
-// What an acquire of lease `id` among `candidates` answered, if it ran before: {'ok', token,
-// uuid[, units]...}, else nil. A lease id is random, one per attempt, so only that very request
-// can have made the lease (its answer was lost and the connection sent it again); a lease whose
-// GPUs are not among the candidates is another request's. Needs GPULOCK_LUA_PRELUDE.
+// What an acquire of lease `id` answered, if it ran before: {'ok', token, uuid[, units]...}, else
+// nil. A lease id is random, one per attempt, so only that very request can have made the lease
+// (its answer was lost and the connection sent it again); a lease whose GPUs are not among the
+// request's candidates (ARGV[first], ARGV[first + step], ... up to ARGV[last]) is another
+// request's. Reads one key when there is no such lease. Needs GPULOCK_LUA_PRELUDE.
 #define GPULOCK_LUA_EARLIER_ACQUIRE                                              \
-  "local function earlier_acquire(id, with_units, candidates)\n"                 \
+  "local function earlier_acquire(id, with_units, first, last, step)\n"          \
   "  local f = hmget(P .. 'lease:' .. id, 'token', 'gpus', 'units')\n"           \
   "  if not f[1] or not f[2] or (with_units and not f[3]) then return nil end\n" \
   "  local asked = {}\n"                                                         \
-  "  for _, uuid in ipairs(candidates) do asked[uuid] = true end\n"              \
+  "  for a = first, last, step do asked[ARGV[a]] = true end\n"                   \
   "  local out, units, i = {'ok', f[1]}, {}, 0\n"                                \
   "  if with_units then\n"                                                       \
   "    for u in string.gmatch(f[3], '[^,]+') do table.insert(units, u) end\n"    \
@@ -476,7 +477,7 @@ local function finish(reply)
 end
 -- This very request again: answer as its first run did, rather than refuse it and leave that
 -- run's lease to lock the GPUs until its TTL ends.
-local earlier = earlier_acquire(id, false, {unpack(ARGV, 12)})
+local earlier = earlier_acquire(id, false, 12, #ARGV, 1)
 if earlier then return finish(earlier) end
 if expected ~= '' then
   if current_version() ~= expected then return finish({'stale'}) end
@@ -591,9 +592,7 @@ const RedisScript kAcquireShared{"acquire_shared",
 redis.call('PUBLISH', P .. 'events', 'acquiring')
 local id, ttl = ARGV[1], tonumber(ARGV[2])
 -- This very request again (its answer lost): answer as its first run did.
-local asked = {}
-for i = 9, #ARGV - 3, 4 do table.insert(asked, ARGV[i]) end
-local earlier = earlier_acquire(id, true, asked)
+local earlier = earlier_acquire(id, true, 9, #ARGV - 3, 4)
 if earlier then return earlier end
 local needed, cap, spread = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
 -- No shared lease starts while a request waits in the queue: those are for whole GPUs, and a
