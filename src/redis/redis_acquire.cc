@@ -65,6 +65,26 @@ std::optional<std::string> wait_for_wake(RedisConnection& waker, const std::stri
   return std::move(reply.elements[1].text);
 }
 
+// An acquire script as sent: what makes a lease of its reply. Kept while its answer has not
+// come, since the server may have run it and then gone away before answering: sent again with
+// the same lease id once the server answers, it gets the first run's answer (or is refused, if
+// that run never happened or its lease is gone), instead of its lease locking the GPUs, held by
+// nobody, until its TTL ends.
+struct SentAcquire {
+  std::string lease_id;
+  std::vector<LeasedGpu> gpus;
+  std::string gpu_host;
+  HolderRecord record;
+  std::string record_json;
+  std::chrono::system_clock::time_point started_at;
+  std::vector<std::string> args;  // the script's ARGV
+  Clock::time_point sent;         // when it was first sent: its lease's TTL ran from after it
+};
+
+// The expected version a resent acquire carries: no pool has it, so the script refuses the
+// acquire as stale unless it finds the lease of the first run.
+constexpr const char* kNoVersion = "resent";
+
 std::string join_names(const std::vector<std::string>& names) {
   return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
 }
@@ -123,6 +143,50 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   bool has_waited = false;      // asked to join the queue at least once
   bool token_unusable = false;  // the pool's token counter is unusable: retrying cannot help
   PoolMoment planned;           // the pool as the last plan saw it: older wakes are no news
+  std::optional<SentAcquire> unanswered;  // an acquire whose answer has not come
+
+  // Runs an acquire script and makes the lease of an "ok" reply; nullopt when refused.
+  const auto take = [&](const SentAcquire& acquire) -> std::optional<Lease> {
+    const RedisValue reply =
+        connection->run(redis_scripts::kAcquire, {settings_.version_key()}, acquire.args);
+    unanswered.reset();
+    if (reply.elements.size() == 2 && reply.elements[0].text == "exhausted") {
+      // The script wrote nothing: no lock is left behind, and waiting cannot help.
+      token_unusable = true;
+      throw fencing_tokens_exhausted(settings_, reply.elements[1].text);
+    }
+    if (reply.elements.empty() || reply.elements[0].text != "ok" ||
+        reply.elements.size() != 2 + acquire.gpus.size())
+      return std::nullopt;
+    ticket.id.clear();  // the script removed it
+    const std::optional<std::uint64_t> token = parse_fencing_token(reply.elements[1].text);
+    if (!token) {
+      // A garbage `token` key made a token that is no 64-bit count: give the GPUs back at once
+      // rather than leave them locked until the TTL ends.
+      std::vector<std::string> release_args{acquire.lease_id};
+      for (const LeasedGpu& g : acquire.gpus) release_args.push_back(g.uuid);
+      connection->run(redis_scripts::kRelease, {settings_.version_key()}, release_args);
+      token_unusable = true;
+      throw Error(ErrorCode::kEnvironment,
+                  fmt::format("pool '{}': its fencing-token counter ({}token) gave '{}', "
+                              "which is not a 64-bit count, so the lease was given back; "
+                              "an administrator must repair the key (see `gpulock doctor`)",
+                              settings_.pool, settings_.prefix(),
+                              sanitize_for_display(reply.elements[1].text, 40)));
+    }
+    auto lease = std::make_unique<LeaseState>();
+    lease->id = acquire.lease_id;
+    lease->gpus = acquire.gpus;
+    lease->started_at = acquire.started_at;
+    lease->record = acquire.record;
+    RedisLeaseTerms terms{settings_.version_key(), settings_.lease_ttl,
+                          acquire.lease_id,        *token,
+                          acquire.record.gpus,     user,
+                          acquire.gpu_host,        {}};
+    lease->keeper = std::make_unique<RedisLeaseKeeper>(std::move(terms), acquire.record_json,
+                                                       connections_, acquire.sent);
+    return Lease(std::move(lease));
+  };
 
   while (true) {
     try {
@@ -136,6 +200,13 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         std::fprintf(stderr, "gpulock: Redis at %s answers again\n",
                      settings_.endpoint.display().c_str());
         warned_unreachable = false;
+      }
+      if (unanswered) {
+        // The server went away before answering our acquire: ask again whether it ran.
+        SentAcquire again = *unanswered;
+        again.args[2] = kNoVersion;
+        again.args[10].clear();  // whom to wake: the plan it came from is old news
+        if (std::optional<Lease> lease = take(again)) return std::move(*lease);
       }
       // The hosts that may serve it (every host for `--host any`), and those of the queue's
       // tickets; limits and fair share count GPUs held elsewhere from per-user sets.
@@ -235,78 +306,40 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       if (!to_wake.empty() && mine.standing != QueueStanding::kNext)
         connection->run(redis_scripts::kWake, {settings_.version_key()}, to_wake);
       if (mine.standing == QueueStanding::kNext) {
-        std::string gpu_host;
         std::vector<const Gpu*> chosen;
         for (const auto& uuid : mine.gpus)
           for (const Gpu* g : candidates)
             if (g->device.uuid == uuid) chosen.push_back(g);
-        if (!chosen.empty()) gpu_host = chosen.front()->host;
-        const std::string lease_id = make_lease_id();
-        const auto started_at = std::chrono::system_clock::now();
-        HolderRecord record =
-            process_holder_record(lease_id, ::geteuid(), user, settings_.host, request, started_at);
-        for (const Gpu* g : chosen) record.gpus.push_back(g->device.uuid);
-        const std::string record_json = holder_record_json(record);
-
-        std::vector<std::string> args{lease_id,
-                                      std::to_string(settings_.lease_ttl.count()),
-                                      snap.version,
-                                      std::to_string(chosen.size()),
-                                      "all",
-                                      record_json,
-                                      user,
-                                      gpu_host,
-                                      wanted.id,  // our ticket, if the queue has it
-                                      limited ? "1" : "0",
-                                      ""};
-        for (const std::string& id : to_wake) args.back() += id + "\n";
-        for (const Gpu* g : chosen) args.push_back(g->device.uuid);
-        const auto sent = Clock::now();
-        const RedisValue reply =
-            connection->run(redis_scripts::kAcquire, {settings_.version_key()}, args);
-        if (reply.elements.size() == 2 && reply.elements[0].text == "exhausted") {
-          // The script wrote nothing: no lock is left behind, and waiting cannot help.
-          token_unusable = true;
-          throw fencing_tokens_exhausted(settings_, reply.elements[1].text);
-        }
-        if (!reply.elements.empty() && reply.elements[0].text == "ok" &&
-            reply.elements.size() == 2 + chosen.size()) {
-          ticket.id.clear();  // the script removed it
-          const std::optional<std::uint64_t> token = parse_fencing_token(reply.elements[1].text);
-          if (!token) {
-            // A garbage `token` key made a token that is no 64-bit count: give the GPUs back
-            // at once rather than leave them locked until the TTL ends.
-            std::vector<std::string> release_args{lease_id};
-            for (const Gpu* g : chosen) release_args.push_back(g->device.uuid);
-            connection->run(redis_scripts::kRelease, {settings_.version_key()}, release_args);
-            token_unusable = true;
-            throw Error(ErrorCode::kEnvironment,
-                        fmt::format("pool '{}': its fencing-token counter ({}token) gave '{}', "
-                                    "which is not a 64-bit count, so the lease was given back; "
-                                    "an administrator must repair the key (see `gpulock doctor`)",
-                                    settings_.pool, settings_.prefix(),
-                                    sanitize_for_display(reply.elements[1].text, 40)));
-          }
-          auto lease = std::make_unique<LeaseState>();
-          lease->id = lease_id;
-          for (const Gpu* g : chosen)
-            lease->gpus.push_back(LeasedGpu{g->device.index, g->device.display_index(),
-                                            g->device.uuid, g->device.name,
-                                            g->device.is_mig_instance()});
-          lease->started_at = started_at;
-          lease->record = record;
-          RedisLeaseTerms terms{settings_.version_key(),
-                                settings_.lease_ttl,
-                                lease_id,
-                                *token,
-                                record.gpus,
-                                user,
-                                gpu_host,
-                                {}};
-          lease->keeper =
-              std::make_unique<RedisLeaseKeeper>(std::move(terms), record_json, connections_, sent);
-          return Lease(std::move(lease));
-        }
+        SentAcquire acquire;
+        acquire.lease_id = make_lease_id();
+        if (!chosen.empty()) acquire.gpu_host = chosen.front()->host;
+        for (const Gpu* g : chosen)
+          acquire.gpus.push_back(LeasedGpu{g->device.index, g->device.display_index(),
+                                           g->device.uuid, g->device.name,
+                                           g->device.is_mig_instance()});
+        acquire.started_at = std::chrono::system_clock::now();
+        acquire.record = process_holder_record(acquire.lease_id, ::geteuid(), user, settings_.host,
+                                               request, acquire.started_at);
+        for (const Gpu* g : chosen) acquire.record.gpus.push_back(g->device.uuid);
+        acquire.record_json = holder_record_json(acquire.record);
+        acquire.args = {acquire.lease_id,
+                        std::to_string(settings_.lease_ttl.count()),
+                        snap.version,
+                        std::to_string(chosen.size()),
+                        "all",
+                        acquire.record_json,
+                        user,
+                        acquire.gpu_host,
+                        wanted.id,  // our ticket, if the queue has it
+                        limited ? "1" : "0",
+                        ""};
+        for (const std::string& id : to_wake) acquire.args.back() += id + "\n";
+        for (const Gpu* g : chosen) acquire.args.push_back(g->device.uuid);
+        acquire.sent = Clock::now();
+        // Until it is answered, an outage is waited out, however long this request has waited:
+        // the script may have run, and only the server can say so once it answers again.
+        unanswered = acquire;
+        if (std::optional<Lease> lease = take(acquire)) return std::move(*lease);
         continue;  // the pool changed since the snapshot: plan again
       }
 
@@ -438,8 +471,10 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       // Redis went away while this request waits in the queue: keep waiting, retrying every
       // second until the deadline (if its ticket is gone when Redis answers, it joins again at
       // the back; a ticket still there, or back from an AOF or RDB, keeps its place).
-      // Before the request asked to join the queue, an unreachable server is an error (exit 69).
-      if (error.code() != ErrorCode::kEnvironment || !has_waited || token_unusable) throw;
+      // Before the request asked to join the queue or sent an acquire, an unreachable server
+      // is an error (exit 69).
+      if (error.code() != ErrorCode::kEnvironment || !(has_waited || unanswered) || token_unusable)
+        throw;
       if (Clock::now() >= deadline) throw;
       if (!warned_unreachable)
         std::fprintf(stderr, "gpulock: warning: %s; still waiting, retrying every second\n",

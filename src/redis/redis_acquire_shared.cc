@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -55,6 +57,17 @@ std::uint64_t wanted_units(const LeaseRequest& request, std::uint64_t total) {
   return std::max<std::uint64_t>(1, total / *request.slots);
 }
 
+// Sleeps until `until`, checking the caller's interrupt as often as it asks.
+void sleep_until(Clock::time_point until, const WaitHooks& hooks) {
+  while (Clock::now() < until) {
+    auto slice = until - Clock::now();
+    if (hooks.interrupted) slice = std::min<Clock::duration>(slice, hooks.interrupt_poll);
+    std::this_thread::sleep_for(slice);
+    if (hooks.interrupted && hooks.interrupted())
+      throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPU memory");
+  }
+}
+
 std::uint64_t units_of(const std::string& text) {
   return whole_number<std::uint64_t>(text).value_or(0);
 }
@@ -73,6 +86,21 @@ struct SharedCandidate {
   unsigned jobs = 0;
   std::size_t order = 0;
   std::uint64_t room() const { return capacity > held ? capacity - held : 0; }
+};
+
+// A shared acquire script as sent: what makes a lease of its reply. Kept while its answer has
+// not come (the server may have run it and gone away before answering) and sent again, the same,
+// once the server answers: the script gives the first run's answer if that lease is there, and
+// otherwise checks and takes memory as any acquire does.
+struct SentSharedAcquire {
+  std::string lease_id;
+  std::map<std::string, std::pair<LeasedGpu, std::string>> offered;  // by UUID, with its host
+  HolderRecord record;                                               // as predicted
+  std::string record_json;
+  std::uint64_t predicted_units = 0;
+  std::chrono::system_clock::time_point started_at;
+  std::vector<std::string> args;  // the script's ARGV
+  Clock::time_point sent;         // when it was first sent: its lease's TTL ran from after it
 };
 
 }  // namespace
@@ -112,239 +140,282 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
 
   std::string last_progress;
   bool first_round = true;
+  bool has_waited = false;  // went to sleep at least once, waiting for memory
+  bool warned_unreachable = false;
+  bool retrying_cannot_help = false;            // an error of the pool's data, not of reaching it
+  std::optional<SentSharedAcquire> unanswered;  // an acquire whose answer has not come
+
+  // Runs an acquire script and makes the lease of an "ok" reply; else nullopt, with the
+  // script's outcome in *outcome.
+  const auto take = [&](const SentSharedAcquire& acquire,
+                        std::string* outcome) -> std::optional<Lease> {
+    const RedisValue reply =
+        connection->run(redis_scripts::kAcquireShared, {settings_.version_key()}, acquire.args);
+    unanswered.reset();
+    *outcome = reply.elements.empty() ? "" : reply.elements[0].text;
+    if (*outcome == "exhausted" && reply.elements.size() == 2) {
+      retrying_cannot_help = true;
+      throw fencing_tokens_exhausted(settings_, reply.elements[1].text);
+    }
+    if (*outcome != "ok" || reply.elements.size() != 2 + 2 * needed) return std::nullopt;
+    std::vector<std::string> uuids;
+    std::vector<std::uint64_t> units;
+    std::vector<const std::pair<LeasedGpu, std::string>*> taken;
+    for (std::size_t i = 2; i + 1 < reply.elements.size(); i += 2) {
+      uuids.push_back(reply.elements[i].text);
+      units.push_back(units_of(reply.elements[i + 1].text));
+      if (const auto at = acquire.offered.find(uuids.back()); at != acquire.offered.end())
+        taken.push_back(&at->second);
+    }
+    const std::optional<std::uint64_t> token = parse_fencing_token(reply.elements[1].text);
+    if (taken.size() != needed || !token) {
+      connection->run(redis_scripts::kRelease, {settings_.version_key()}, {acquire.lease_id});
+      retrying_cannot_help = true;
+      throw Error(ErrorCode::kEnvironment,
+                  fmt::format("pool '{}': the shared acquire gave an unexpected reply (token "
+                              "'{}'), so the lease was given back; see `gpulock doctor`",
+                              settings_.pool, sanitize_for_display(reply.elements[1].text, 40)));
+    }
+    // The script may have chosen other GPUs than predicted (the pool changed meanwhile): the
+    // record then says what it holds, published with the first renewal.
+    HolderRecord record = acquire.record;
+    record.gpus = uuids;
+    record.memory_bytes = units.front() * kSharedMemoryUnitBytes;
+    const bool record_changed =
+        record.gpus != acquire.record.gpus || units.front() != acquire.predicted_units;
+    const std::string record_json =
+        record_changed ? holder_record_json(record) : acquire.record_json;
+
+    auto lease = std::make_unique<LeaseState>();
+    lease->id = acquire.lease_id;
+    for (const auto* gpu : taken) lease->gpus.push_back(gpu->first);
+    lease->started_at = acquire.started_at;
+    lease->record = record;
+    RedisLeaseTerms terms{settings_.version_key(),
+                          settings_.lease_ttl,
+                          acquire.lease_id,
+                          *token,
+                          uuids,
+                          user,
+                          taken.front()->second,
+                          units};
+    auto keeper = std::make_unique<RedisLeaseKeeper>(std::move(terms), record_json, connections_,
+                                                     acquire.sent);
+    if (record_changed) keeper->publish_record(record);
+    lease->keeper = std::move(keeper);
+    return Lease(std::move(lease));
+  };
+
   while (true) {
-    if (!first_round) local_devices = source_->devices();  // fresh readings for the fit
-    first_round = false;
-    const Snapshot snap =
-        registered_snapshot(*connection, any_host ? std::vector<std::string>() : hosts,
-                            limited ? user : std::string(), local_devices);
-
-    // 1. Which GPUs could serve it at all.
-    for (const auto& host : hosts)
-      if (std::none_of(snap.hosts.begin(), snap.hosts.end(),
-                       [&](const HostEntry& h) { return h.name == host; }))
-        throw Error(ErrorCode::kUnsatisfiable,
-                    fmt::format("no host '{}' in pool '{}'", sanitize_for_display(host, 64),
-                                settings_.pool));
-    const std::vector<const Gpu*> pool = request_gpus(snap.gpus, scope, request);
-    std::vector<SharedCandidate> candidates;
-    std::vector<std::string> never_reasons;
-    for (const Gpu* g : pool) {
-      const Device& d = g->device;
-      std::string never = never_reason(d, health, config_);
-      if (never.empty() && g->local) never = outside_visible_reason(d, request);
-      if (never.empty() && g->lock == "!garbage")
-        never = fmt::format(
-            "{} of host {}: its lock key in Redis holds something that is not a "
-            "lease (see `gpulock doctor`)",
-            describe_device(d), g->host);
-      const std::uint64_t total = total_units(d);
-      if (never.empty() && !d.memory_total_bytes)
-        never =
-            fmt::format("{} of host {}: its memory size is unknown", describe_device(d), g->host);
-      if (never.empty() && wanted_units(request, total) + reserve_units > total)
-        never = fmt::format("{} of host {}: {} of memory, {} of it kept in reserve",
-                            describe_device(d), g->host, format_size(*d.memory_total_bytes),
-                            format_size(config_.shared_memory_reserve_bytes));
-      if (!never.empty()) {
-        if (!request.gpus.empty()) throw Error(ErrorCode::kUnsatisfiable, never);
-        never_reasons.push_back(never);
-        continue;
+    try {
+      if (!first_round) local_devices = source_->devices();  // fresh readings for the fit
+      first_round = false;
+      if (warned_unreachable) {
+        connection.reconnect(calls.connect_budget());
+        connection->set_deadline(calls.deadline());
+        std::fprintf(stderr, "gpulock: Redis at %s answers again\n",
+                     settings_.endpoint.display().c_str());
+        warned_unreachable = false;
       }
-      SharedCandidate c;
-      c.gpu = g;
-      c.wanted = wanted_units(request, total);
-      c.order = candidates.size();
-      // Memory used outside gpulock: what the device reports, less what processes of the
-      // shared leases use. This host's processes are matched to the leases' records; another
-      // host's cannot be, so there its leases count as using all they reserve.
-      const std::uint64_t used = d.memory_used_bytes.value_or(0);
-      std::uint64_t covered = 0;
-      if (g->shared()) {
-        for (const Share& share : g->shares) {
-          c.held += share.units;
-          ++c.jobs;
+      if (unanswered) {
+        // The server went away before answering our acquire: send it again, the same.
+        const SentSharedAcquire again = *unanswered;
+        std::string outcome;
+        if (std::optional<Lease> lease = take(again, &outcome)) return std::move(*lease);
+      }
+      const Snapshot snap =
+          registered_snapshot(*connection, any_host ? std::vector<std::string>() : hosts,
+                              limited ? user : std::string(), local_devices);
+
+      // 1. Which GPUs could serve it at all.
+      for (const auto& host : hosts)
+        if (std::none_of(snap.hosts.begin(), snap.hosts.end(),
+                         [&](const HostEntry& h) { return h.name == host; }))
+          throw Error(ErrorCode::kUnsatisfiable,
+                      fmt::format("no host '{}' in pool '{}'", sanitize_for_display(host, 64),
+                                  settings_.pool));
+      const std::vector<const Gpu*> pool = request_gpus(snap.gpus, scope, request);
+      std::vector<SharedCandidate> candidates;
+      std::vector<std::string> never_reasons;
+      for (const Gpu* g : pool) {
+        const Device& d = g->device;
+        std::string never = never_reason(d, health, config_);
+        if (never.empty() && g->local) never = outside_visible_reason(d, request);
+        if (never.empty() && g->lock == "!garbage")
+          never = fmt::format(
+              "{} of host {}: its lock key in Redis holds something that is not a "
+              "lease (see `gpulock doctor`)",
+              describe_device(d), g->host);
+        const std::uint64_t total = total_units(d);
+        if (never.empty() && !d.memory_total_bytes)
+          never =
+              fmt::format("{} of host {}: its memory size is unknown", describe_device(d), g->host);
+        if (never.empty() && wanted_units(request, total) + reserve_units > total)
+          never = fmt::format("{} of host {}: {} of memory, {} of it kept in reserve",
+                              describe_device(d), g->host, format_size(*d.memory_total_bytes),
+                              format_size(config_.shared_memory_reserve_bytes));
+        if (!never.empty()) {
+          if (!request.gpus.empty()) throw Error(ErrorCode::kUnsatisfiable, never);
+          never_reasons.push_back(never);
+          continue;
         }
-        const LockState lock = lock_state_of(*g, snap);
-        if (g->local) {
-          for (const HolderRecord& record : lock.shared_records)
-            if (record.host == settings_.host)
-              for (const GpuProcess& p : d.processes)
-                if (p.used_memory_bytes && covered_by(p.pid, record))
-                  covered += *p.used_memory_bytes;
-        } else {
-          covered = std::min(used, lock.shared_reserved_bytes);
+        SharedCandidate c;
+        c.gpu = g;
+        c.wanted = wanted_units(request, total);
+        c.order = candidates.size();
+        // Memory used outside gpulock: what the device reports, less what processes of the
+        // shared leases use. This host's processes are matched to the leases' records; another
+        // host's cannot be, so there its leases count as using all they reserve.
+        const std::uint64_t used = d.memory_used_bytes.value_or(0);
+        std::uint64_t covered = 0;
+        if (g->shared()) {
+          for (const Share& share : g->shares) {
+            c.held += share.units;
+            ++c.jobs;
+          }
+          const LockState lock = lock_state_of(*g, snap);
+          if (g->local) {
+            for (const HolderRecord& record : lock.shared_records)
+              if (record.host == settings_.host)
+                for (const GpuProcess& p : d.processes)
+                  if (p.used_memory_bytes && covered_by(p.pid, record))
+                    covered += *p.used_memory_bytes;
+          } else {
+            covered = std::min(used, lock.shared_reserved_bytes);
+          }
         }
+        const std::uint64_t outside_bytes =
+            config_.shared_memory_reserve_bytes + (used > covered ? used - covered : 0);
+        const std::uint64_t outside = outside_bytes == 0 ? 0 : shared_memory_units(outside_bytes);
+        c.capacity = total > outside ? total - outside : 0;
+        candidates.push_back(c);
       }
-      const std::uint64_t outside_bytes =
-          config_.shared_memory_reserve_bytes + (used > covered ? used - covered : 0);
-      const std::uint64_t outside = outside_bytes == 0 ? 0 : shared_memory_units(outside_bytes);
-      c.capacity = total > outside ? total - outside : 0;
-      candidates.push_back(c);
-    }
-    if (candidates.size() < needed)
-      throw unsatisfiable(fmt::format("{} GPU{} with {} requested but {} {} {} that can serve it{}",
-                                      needed, needed == 1 ? "" : "s", describe_share(request),
-                                      where, one_host ? "has" : "have", candidates.size(),
-                                      needed > 1 && !one_host ? " on one host" : ""),
-                          never_reasons);
+      if (candidates.size() < needed)
+        throw unsatisfiable(
+            fmt::format("{} GPU{} with {} requested but {} {} {} that can serve it{}", needed,
+                        needed == 1 ? "" : "s", describe_share(request), where,
+                        one_host ? "has" : "have", candidates.size(),
+                        needed > 1 && !one_host ? " on one host" : ""),
+            never_reasons);
 
-    // 2. Which would fit now, as the script will choose them: on one host, packed or spread.
-    std::string blocked_by;
-    std::vector<SharedCandidate> chosen;
-    std::vector<const SharedCandidate*> ready;  // not held exclusively, and healthy now
-    for (const SharedCandidate& c : candidates)
-      if ((c.gpu->lock.empty() || c.gpu->shared()) && unready_reason(c.gpu->device, health).empty())
-        ready.push_back(&c);
-    if (!snap.tickets.empty()) {
-      blocked_by = "requests for whole GPUs wait in the queue (they go first)";
-    } else {
-      std::map<std::string, std::vector<SharedCandidate>> fitting;
-      std::vector<std::string> host_order;
-      for (const SharedCandidate* c : ready) {
-        if (c->room() < c->wanted || (cap && c->jobs >= *cap)) continue;
-        if (!fitting.contains(c->gpu->host)) host_order.push_back(c->gpu->host);
-        fitting[c->gpu->host].push_back(*c);
-      }
-      for (const auto& host : host_order) {
-        std::vector<SharedCandidate>& list = fitting[host];
-        if (list.size() < needed) continue;
-        std::stable_sort(list.begin(), list.end(),
-                         [&](const SharedCandidate& a, const SharedCandidate& b) {
-                           return request.spread ? a.room() > b.room() : a.room() < b.room();
-                         });
-        list.resize(needed);
-        chosen = list;
-        break;
-      }
-      if (chosen.empty())
-        blocked_by = fmt::format("not enough free GPU memory ({} needed on {} GPU{})",
-                                 describe_share(request), needed, needed == 1 ? "" : "s");
-    }
-
-    // 3. Take them, if the pool still agrees (the script checks it all again).
-    if (!chosen.empty()) {
-      const std::string lease_id = make_lease_id();
-      const auto started_at = std::chrono::system_clock::now();
-      HolderRecord record =
-          process_holder_record(lease_id, ::geteuid(), user, settings_.host, request, started_at);
-      record.memory_bytes = chosen.front().wanted * kSharedMemoryUnitBytes;
-      for (const SharedCandidate& c : chosen) record.gpus.push_back(c.gpu->device.uuid);
-      std::string record_json = holder_record_json(record);
-
-      std::vector<std::string> args{lease_id,
-                                    std::to_string(settings_.lease_ttl.count()),
-                                    record_json,
-                                    user,
-                                    std::to_string(needed),
-                                    cap ? std::to_string(*cap) : std::string(),
-                                    request.spread ? "1" : "0",
-                                    limited ? "1" : "0"};
-      // The predicted choice first, then the other ready candidates: the script takes the
-      // first host where enough fit, in its own order, from what it finds.
-      std::vector<const SharedCandidate*> offered;
-      for (const SharedCandidate& c : chosen) offered.push_back(&c);
-      for (const SharedCandidate* c : ready)
-        if (std::none_of(chosen.begin(), chosen.end(),
-                         [&](const SharedCandidate& x) { return x.gpu == c->gpu; }))
-          offered.push_back(c);
-      for (const SharedCandidate* c : offered) {
-        args.push_back(c->gpu->device.uuid);
-        args.push_back(c->gpu->host);
-        args.push_back(std::to_string(c->capacity));
-        args.push_back(std::to_string(c->wanted));
-      }
-      const auto sent = Clock::now();
-      const RedisValue reply =
-          connection->run(redis_scripts::kAcquireShared, {settings_.version_key()}, args);
-      const std::string outcome = reply.elements.empty() ? "" : reply.elements[0].text;
-      if (outcome == "exhausted" && reply.elements.size() == 2)
-        throw fencing_tokens_exhausted(settings_, reply.elements[1].text);
-      if (outcome == "ok" && reply.elements.size() == 2 + 2 * needed) {
-        std::vector<std::string> uuids;
-        std::vector<std::uint64_t> units;
-        for (std::size_t i = 2; i + 1 < reply.elements.size(); i += 2) {
-          uuids.push_back(reply.elements[i].text);
-          units.push_back(units_of(reply.elements[i + 1].text));
-        }
-        std::vector<const Gpu*> taken;
-        for (const auto& uuid : uuids)
-          for (const SharedCandidate& c : candidates)
-            if (c.gpu->device.uuid == uuid) taken.push_back(c.gpu);
-        const std::optional<std::uint64_t> token = parse_fencing_token(reply.elements[1].text);
-        if (taken.size() != needed || !token) {
-          connection->run(redis_scripts::kRelease, {settings_.version_key()}, {lease_id});
-          throw Error(
-              ErrorCode::kEnvironment,
-              fmt::format("pool '{}': the shared acquire gave an unexpected reply (token "
-                          "'{}'), so the lease was given back; see `gpulock doctor`",
-                          settings_.pool, sanitize_for_display(reply.elements[1].text, 40)));
-        }
-        // The script may have chosen other GPUs than predicted (the pool changed meanwhile):
-        // the record then says what it holds, published with the first renewal.
-        const std::vector<std::string> predicted = record.gpus;
-        record.gpus = uuids;
-        record.memory_bytes = units.front() * kSharedMemoryUnitBytes;
-        const bool record_changed =
-            record.gpus != predicted || units.front() != chosen.front().wanted;
-        if (record_changed) record_json = holder_record_json(record);
-
-        auto lease = std::make_unique<LeaseState>();
-        lease->id = lease_id;
-        for (const Gpu* g : taken)
-          lease->gpus.push_back(
-              LeasedGpu{g->device.index, g->device.display_index(), g->device.uuid, g->device.name,
-                        g->device.is_mig_instance(), g->device.memory_total_bytes.value_or(0)});
-        lease->started_at = started_at;
-        lease->record = record;
-        RedisLeaseTerms terms{settings_.version_key(),
-                              settings_.lease_ttl,
-                              lease_id,
-                              *token,
-                              uuids,
-                              user,
-                              taken.front()->host,
-                              units};
-        auto keeper =
-            std::make_unique<RedisLeaseKeeper>(std::move(terms), record_json, connections_, sent);
-        if (record_changed) keeper->publish_record(record);
-        lease->keeper = std::move(keeper);
-        return Lease(std::move(lease));
-      }
-      if (outcome == "queue") {
+      // 2. Which would fit now, as the script will choose them: on one host, packed or spread.
+      std::string blocked_by;
+      std::vector<SharedCandidate> chosen;
+      std::vector<const SharedCandidate*> ready;  // not held exclusively, and healthy now
+      for (const SharedCandidate& c : candidates)
+        if ((c.gpu->lock.empty() || c.gpu->shared()) &&
+            unready_reason(c.gpu->device, health).empty())
+          ready.push_back(&c);
+      if (!snap.tickets.empty()) {
         blocked_by = "requests for whole GPUs wait in the queue (they go first)";
-      } else if (outcome == "busy") {
-        continue;  // the pool changed since the snapshot: read it again
       } else {
-        throw Error(ErrorCode::kEnvironment,
-                    fmt::format("pool '{}': the shared acquire script gave an unexpected reply",
-                                settings_.pool));
+        std::map<std::string, std::vector<SharedCandidate>> fitting;
+        std::vector<std::string> host_order;
+        for (const SharedCandidate* c : ready) {
+          if (c->room() < c->wanted || (cap && c->jobs >= *cap)) continue;
+          if (!fitting.contains(c->gpu->host)) host_order.push_back(c->gpu->host);
+          fitting[c->gpu->host].push_back(*c);
+        }
+        for (const auto& host : host_order) {
+          std::vector<SharedCandidate>& list = fitting[host];
+          if (list.size() < needed) continue;
+          std::stable_sort(list.begin(), list.end(),
+                           [&](const SharedCandidate& a, const SharedCandidate& b) {
+                             return request.spread ? a.room() > b.room() : a.room() < b.room();
+                           });
+          list.resize(needed);
+          chosen = list;
+          break;
+        }
+        if (chosen.empty())
+          blocked_by = fmt::format("not enough free GPU memory ({} needed on {} GPU{})",
+                                   describe_share(request), needed, needed == 1 ? "" : "s");
       }
-    }
 
-    // 4. Not served now: say why, then look again a little later.
-    if (!request.wait || Clock::now() >= deadline)
-      throw Error(ErrorCode::kTimedOut,
-                  fmt::format("{}: {}",
-                              request.wait ? "no GPU memory became available within the timeout"
-                                           : "the requested GPU memory is not free now",
-                              blocked_by));
-    if (hooks.on_progress && (blocked_by != last_progress || hooks.progress_refresh)) {
-      last_progress = blocked_by;
-      hooks.on_progress(WaitProgress{Clock::now() - start,
-                                     {},
-                                     0,
-                                     static_cast<int>(snap.tickets.size()),
-                                     QueueStanding::kWaiting,
-                                     blocked_by});
-    }
-    const auto wake_at = std::min(deadline, Clock::now() + kSharedPoll);
-    while (Clock::now() < wake_at) {
-      auto slice = wake_at - Clock::now();
-      if (hooks.interrupted) slice = std::min<Clock::duration>(slice, hooks.interrupt_poll);
-      std::this_thread::sleep_for(slice);
-      if (hooks.interrupted && hooks.interrupted())
-        throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPU memory");
+      // 3. Take them, if the pool still agrees (the script checks it all again).
+      if (!chosen.empty()) {
+        SentSharedAcquire acquire;
+        acquire.lease_id = make_lease_id();
+        acquire.started_at = std::chrono::system_clock::now();
+        acquire.record = process_holder_record(acquire.lease_id, ::geteuid(), user, settings_.host,
+                                               request, acquire.started_at);
+        acquire.predicted_units = chosen.front().wanted;
+        acquire.record.memory_bytes = acquire.predicted_units * kSharedMemoryUnitBytes;
+        for (const SharedCandidate& c : chosen) acquire.record.gpus.push_back(c.gpu->device.uuid);
+        acquire.record_json = holder_record_json(acquire.record);
+
+        acquire.args = {acquire.lease_id,           std::to_string(settings_.lease_ttl.count()),
+                        acquire.record_json,        user,
+                        std::to_string(needed),     cap ? std::to_string(*cap) : std::string(),
+                        request.spread ? "1" : "0", limited ? "1" : "0"};
+        // The predicted choice first, then the other ready candidates: the script takes the
+        // first host where enough fit, in its own order, from what it finds.
+        std::vector<const SharedCandidate*> offered;
+        for (const SharedCandidate& c : chosen) offered.push_back(&c);
+        for (const SharedCandidate* c : ready)
+          if (std::none_of(chosen.begin(), chosen.end(),
+                           [&](const SharedCandidate& x) { return x.gpu == c->gpu; }))
+            offered.push_back(c);
+        for (const SharedCandidate* c : offered) {
+          const Device& d = c->gpu->device;
+          acquire.args.push_back(d.uuid);
+          acquire.args.push_back(c->gpu->host);
+          acquire.args.push_back(std::to_string(c->capacity));
+          acquire.args.push_back(std::to_string(c->wanted));
+          acquire.offered[d.uuid] = {
+              LeasedGpu{d.index, d.display_index(), d.uuid, d.name, d.is_mig_instance(),
+                        d.memory_total_bytes.value_or(0)},
+              c->gpu->host};
+        }
+        acquire.sent = Clock::now();
+        // Until it is answered, an outage is waited out, even by a request that has not waited:
+        // the script may have run, and only the server can say so once it answers again.
+        unanswered = acquire;
+        std::string outcome;
+        if (std::optional<Lease> lease = take(acquire, &outcome)) return std::move(*lease);
+        if (outcome == "queue") {
+          blocked_by = "requests for whole GPUs wait in the queue (they go first)";
+        } else if (outcome == "busy") {
+          continue;  // the pool changed since the snapshot: read it again
+        } else {
+          retrying_cannot_help = true;
+          throw Error(ErrorCode::kEnvironment,
+                      fmt::format("pool '{}': the shared acquire script gave an unexpected reply",
+                                  settings_.pool));
+        }
+      }
+
+      // 4. Not served now: say why, then look again a little later.
+      if (!request.wait || Clock::now() >= deadline)
+        throw Error(ErrorCode::kTimedOut,
+                    fmt::format("{}: {}",
+                                request.wait ? "no GPU memory became available within the timeout"
+                                             : "the requested GPU memory is not free now",
+                                blocked_by));
+      if (hooks.on_progress && (blocked_by != last_progress || hooks.progress_refresh)) {
+        last_progress = blocked_by;
+        hooks.on_progress(WaitProgress{Clock::now() - start,
+                                       {},
+                                       0,
+                                       static_cast<int>(snap.tickets.size()),
+                                       QueueStanding::kWaiting,
+                                       blocked_by});
+      }
+      has_waited = true;
+      sleep_until(std::min(deadline, Clock::now() + kSharedPoll), hooks);
+    } catch (const Error& error) {
+      // Redis went away while this request waits for memory, or before it answered an acquire:
+      // keep waiting, retrying every second until the deadline. Before either, an unreachable
+      // server is an error (exit 69).
+      if (error.code() != ErrorCode::kEnvironment || !(has_waited || unanswered) ||
+          retrying_cannot_help)
+        throw;
+      if (Clock::now() >= deadline) throw;
+      if (!warned_unreachable)
+        std::fprintf(stderr, "gpulock: warning: %s; still waiting, retrying every second\n",
+                     error.what());
+      warned_unreachable = true;
+      sleep_until(std::min(deadline, Clock::now() + std::chrono::seconds(1)), hooks);
     }
   }
 }
