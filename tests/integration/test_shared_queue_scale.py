@@ -49,24 +49,17 @@ def queue_shared_jobs(harness, audit, names, env):
     return queue_jobs(harness, audit, names, env, request=("--mem", "10G"))
 
 
-def test_drain_1000_shared(gl):
-    """One GPU held whole; N shared jobs of 10 GiB queue behind it; the holder ends. Every job
-    runs exactly once, never more than 8 at once, and nothing is left in the queue."""
-    env, audit, holder, procs = jobs_behind_held_gpu(gl, N, SlotAudit, queue_shared_jobs)
-    holder.kill_group()
-    released = time.monotonic()
-    assert_all_served(gl, env, audit, procs)
-    print("%d shared jobs drained in %.1f s after the release" % (N, time.monotonic() - released))
-
-
-def test_idle_shared_waiters_use_no_cpu(gl):
-    """N shared waiters queued on the only GPU, which stays held: over 10 s in which nothing
-    happens, all of them together use (next to) no CPU. Then they drain."""
+def test_drain_1000_shared_after_idling_at_no_cpu(gl):
+    """One GPU held whole; N shared jobs of 10 GiB queue behind it. Over 10 s in which nothing
+    happens, all the waiters together use (next to) no CPU. Then the holder ends: every job runs
+    exactly once, never more than 8 at once, and nothing is left in the queue."""
     env, audit, holder, procs = jobs_behind_held_gpu(gl, N, SlotAudit, queue_shared_jobs)
     assert_idle(procs, "shared waiters")
     assert len(queue_doc(gl, env)["waiting"]) == N
     holder.kill_group()
+    released = time.monotonic()
     assert_all_served(gl, env, audit, procs)
+    print("%d shared jobs drained in %.1f s after the release" % (N, time.monotonic() - released))
 
 
 def test_whole_gpu_request_behind_1000_shared_jobs_is_served(gl):
@@ -92,7 +85,7 @@ def test_whole_gpu_request_behind_1000_shared_jobs_is_served(gl):
 
 
 def test_sigkill_of_shared_waiters_during_drain(gl):
-    """As test_drain_1000_shared, but while the queue drains, a tenth of the waiters are
+    """As test_drain_1000_shared_after_idling_at_no_cpu, but while the queue drains, a tenth of the waiters are
     SIGKILLed at random, and again and again the oldest still waiting (the dispatchers). Every
     survivor is served exactly once, never more than fit at once, and no live ticket is left."""
     rng = random.Random(15)
