@@ -11,12 +11,14 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpulock/device_source.hpp"
@@ -441,6 +443,24 @@ TEST_F(NvmlDeviceSourceTest, DistancesAreCached) {
   EXPECT_EQ(source->distance(devices[2].uuid, devices[0].uuid), 20);
   EXPECT_EQ(driver.calls("nvmlDeviceGetTopologyCommonAncestor"), topology_calls);
   EXPECT_EQ(driver.calls("nvmlDeviceGetNvLinkState"), nvlink_calls);
+}
+
+TEST_F(NvmlDeviceSourceTest, TheMigModeIsReadAtMostOnceASecond) {
+  FakeDriver driver(kFull);
+  ASSERT_TRUE(driver.loaded());
+  use_machine(kTwoH100s);
+  auto source = make_nvml_source(kFull);
+  const unsigned long before = driver.calls("nvmlDeviceGetMigMode");
+  source->devices();
+  const unsigned long first_look = driver.calls("nvmlDeviceGetMigMode") - before;
+  EXPECT_EQ(first_look, 2u);  // one per GPU
+  source->devices();
+  source->devices();
+  EXPECT_EQ(driver.calls("nvmlDeviceGetMigMode") - before, first_look);
+  // Readings older than a second are made again (the mode changes with a GPU reset).
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  source->devices();
+  EXPECT_EQ(driver.calls("nvmlDeviceGetMigMode") - before, 2 * first_look);
 }
 
 // ---- Fields the driver will not give ---------------------------------------------------------
