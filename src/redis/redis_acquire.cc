@@ -4,11 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -24,6 +22,7 @@
 #include "redis/redis_backend.h"
 #include "redis/redis_call_budget.h"
 #include "redis/redis_lease_keeper.h"
+#include "redis/redis_outage.h"
 #include "redis/redis_request_scope.h"
 #include "redis/redis_scripts.h"
 #include "redis/wake_message.h"
@@ -139,7 +138,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   std::string chosen_host;  // a multi-GPU request waits for the GPUs of one host
   std::string last_progress;
   bool first_round = true;
-  bool warned_unreachable = false;
+  RedisOutage outage(hooks, "interrupted while waiting for GPUs");
   bool has_waited = false;      // asked to join the queue at least once
   bool token_unusable = false;  // the pool's token counter is unusable: retrying cannot help
   PoolMoment planned;           // the pool as the last plan saw it: older wakes are no news
@@ -192,15 +191,9 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     try {
       if (!first_round) local_devices = source_->devices();  // fresh readings for health filters
       first_round = false;
-      if (warned_unreachable) {
-        // Back after an outage (a server that restarted empty gets our registration again from
-        // registered_snapshot below).
-        connection.reconnect(calls.connect_budget());
-        connection->set_deadline(calls_deadline);
-        std::fprintf(stderr, "gpulock: Redis at %s answers again\n",
-                     settings_.endpoint.display().c_str());
-        warned_unreachable = false;
-      }
+      // Back after an outage? (A server that restarted empty gets our registration again from
+      // registered_snapshot below.)
+      outage.end(connection, calls.connect_budget(), calls_deadline);
       if (unanswered) {
         // The server went away before answering our acquire: ask again whether it ran.
         SentAcquire again = *unanswered;
@@ -476,19 +469,9 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       if (error.code() != ErrorCode::kEnvironment || !(has_waited || unanswered) || token_unusable)
         throw;
       if (Clock::now() >= deadline) throw;
-      if (!warned_unreachable)
-        std::fprintf(stderr, "gpulock: warning: %s; still waiting, retrying every second\n",
-                     error.what());
-      warned_unreachable = true;
       waker.reset();
       ticket.id.clear();
-      const auto retry_at = std::min(deadline, Clock::now() + std::chrono::seconds(1));
-      while (Clock::now() < retry_at) {
-        std::this_thread::sleep_for(
-            std::min<Clock::duration>(retry_at - Clock::now(), hooks.interrupt_poll));
-        if (hooks.interrupted && hooks.interrupted())
-          throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
-      }
+      outage.wait_to_retry(error, deadline);
       try {
         waker = RedisConnection::connect(settings_.endpoint,
                                          std::min(milliseconds(2000), calls.connect_budget()));

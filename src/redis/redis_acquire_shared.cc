@@ -12,10 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <optional>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -32,6 +30,7 @@
 #include "redis/redis_backend.h"
 #include "redis/redis_call_budget.h"
 #include "redis/redis_lease_keeper.h"
+#include "redis/redis_outage.h"
 #include "redis/redis_request_scope.h"
 #include "redis/redis_scripts.h"
 #include "util/random_id.h"
@@ -55,17 +54,6 @@ std::uint64_t total_units(const Device& d) {
 std::uint64_t wanted_units(const LeaseRequest& request, std::uint64_t total) {
   if (request.memory_bytes) return shared_memory_units(*request.memory_bytes);
   return std::max<std::uint64_t>(1, total / *request.slots);
-}
-
-// Sleeps until `until`, checking the caller's interrupt as often as it asks.
-void sleep_until(Clock::time_point until, const WaitHooks& hooks) {
-  while (Clock::now() < until) {
-    auto slice = until - Clock::now();
-    if (hooks.interrupted) slice = std::min<Clock::duration>(slice, hooks.interrupt_poll);
-    std::this_thread::sleep_for(slice);
-    if (hooks.interrupted && hooks.interrupted())
-      throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPU memory");
-  }
 }
 
 std::uint64_t units_of(const std::string& text) {
@@ -141,7 +129,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
   std::string last_progress;
   bool first_round = true;
   bool has_waited = false;  // went to sleep at least once, waiting for memory
-  bool warned_unreachable = false;
+  RedisOutage outage(hooks, "interrupted while waiting for GPU memory");
   bool retrying_cannot_help = false;            // an error of the pool's data, not of reaching it
   std::optional<SentSharedAcquire> unanswered;  // an acquire whose answer has not come
 
@@ -210,13 +198,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
     try {
       if (!first_round) local_devices = source_->devices();  // fresh readings for the fit
       first_round = false;
-      if (warned_unreachable) {
-        connection.reconnect(calls.connect_budget());
-        connection->set_deadline(calls.deadline());
-        std::fprintf(stderr, "gpulock: Redis at %s answers again\n",
-                     settings_.endpoint.display().c_str());
-        warned_unreachable = false;
-      }
+      outage.end(connection, calls.connect_budget(), calls.deadline());
       if (unanswered) {
         // The server went away before answering our acquire: send it again, the same.
         const SentSharedAcquire again = *unanswered;
@@ -402,7 +384,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
                                        blocked_by});
       }
       has_waited = true;
-      sleep_until(std::min(deadline, Clock::now() + kSharedPoll), hooks);
+      outage.sleep_until(std::min(deadline, Clock::now() + kSharedPoll));
     } catch (const Error& error) {
       // Redis went away while this request waits for memory, or before it answered an acquire:
       // keep waiting, retrying every second until the deadline. Before either, an unreachable
@@ -411,11 +393,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
           retrying_cannot_help)
         throw;
       if (Clock::now() >= deadline) throw;
-      if (!warned_unreachable)
-        std::fprintf(stderr, "gpulock: warning: %s; still waiting, retrying every second\n",
-                     error.what());
-      warned_unreachable = true;
-      sleep_until(std::min(deadline, Clock::now() + std::chrono::seconds(1)), hooks);
+      outage.wait_to_retry(error, deadline);
     }
   }
 }

@@ -285,12 +285,15 @@ def test_a_waiter_whose_entry_ran_but_was_never_answered_waits_out_the_outage(rw
         proxy.close()
 
 
-def test_an_acquire_whose_answer_was_lost_in_an_outage_is_taken_when_the_server_answers(rw):
-    """The server runs an acquire (the GPU is free: the request never queues) and goes away
+@pytest.mark.parametrize("request_args", [("-n", "1"), ("--mem", "10G")],
+                         ids=["whole-gpu", "shared"])
+def test_an_acquire_whose_answer_was_lost_in_an_outage_is_taken_when_the_server_answers(
+        rw, request_args):
+    """The server runs an acquire (the GPU is free: the request never waits) and goes away
     before answering, for longer than the client's one immediate retry. The request must wait
     out the outage and then take the lease its acquire made, with that acquire's token. Before,
-    it failed at once with exit 69, and the lease it had made locked the GPU, held by nobody,
-    until its TTL ended."""
+    it failed at once with exit 69, and the lease it had made locked the GPU (or its memory),
+    held by nobody, until its TTL ended."""
     rw.register("node-a", gpus=1)
     assert rw.run_no_wait("-n", "1").returncode == 0  # the pool's first token is set
     token_before = int(rw.server.command("GET", rw.key("token")))
@@ -299,7 +302,7 @@ def test_an_acquire_whose_answer_was_lost_in_an_outage_is_taken_when_the_server_
         proxy.cut_after(b"lost-acquire")  # in the acquire's holder record: its request alone
         report = rw.tmp / "lease"
         # A TTL far longer than the test: the lease the acquire made outlives the outage.
-        job = rw.spawn("run", "-n", "1", "--label", "lost-acquire", "--", "sh", "-c",
+        job = rw.spawn("run", *request_args, "--label", "lost-acquire", "--", "sh", "-c",
                        'echo "$GPULOCK_LEASE_ID $GPULOCK_FENCING_TOKEN" > "$1"', "job", report,
                        env=rw.env(url=proxy.url(), ttl="120s"))
         wait_until(lambda: proxy.cut.is_set() or not job.alive(), timeout=HANG,
@@ -343,39 +346,6 @@ def test_a_shared_request_waiting_for_memory_waits_out_an_outage(rw):
     assert waiter.wait() == 0, waiter.describe()
     assert served.exists(), waiter.describe()
     assert "answers again" in waiter.stderr(), waiter.describe()
-
-
-def test_a_shared_acquire_whose_answer_was_lost_in_an_outage_is_taken_when_the_server_answers(
-        rw):
-    """As for a whole GPU: a shared acquire runs, the server goes away before answering, and
-    the request takes that acquire's lease when the server answers again."""
-    rw.register("node-a", gpus=1)
-    assert rw.run_no_wait("-n", "1").returncode == 0  # the pool's first token is set
-    token_before = int(rw.server.command("GET", rw.key("token")))
-    proxy = TcpProxy(rw.server.port)
-    try:
-        proxy.cut_after(b"lost-shared-acquire")  # in the acquire's holder record alone
-        report = rw.tmp / "lease"
-        job = rw.spawn("run", "--mem", "10G", "--label", "lost-shared-acquire", "--", "sh", "-c",
-                       'echo "$GPULOCK_LEASE_ID $GPULOCK_FENCING_TOKEN" > "$1"', "job", report,
-                       env=rw.env(url=proxy.url(), ttl="120s"))
-        wait_until(lambda: proxy.cut.is_set() or not job.alive(), timeout=HANG,
-                   what="the acquire to run and be cut off")
-        assert proxy.cut.is_set(), job.describe()
-        made = int(rw.server.command("GET", rw.key("token")))
-        assert made > token_before, "the acquire did not run"
-        wait_until(lambda: "still waiting" in job.stderr() or not job.alive(), timeout=HANG,
-                   what="the request to meet the outage")
-        assert job.alive(), job.describe()
-        proxy.resume()
-        assert job.wait() == 0, job.describe()
-        lease_id, token = report.read_text().split()
-        assert int(token) == made, job.describe()
-        assert int(rw.server.command("GET", rw.key("token"))) == made
-        assert rw.server.command("EXISTS", rw.key("lease:" + lease_id)) == 0
-        assert not [k for k in rw.pool_keys() if ":lease:" in k]
-    finally:
-        proxy.close()
 
 
 def test_an_acquire_sent_again_after_its_answer_was_lost_is_answered_as_the_first_time(rw):

@@ -1,0 +1,38 @@
+// RedisOutage: see redis_outage.h.
+#include "redis/redis_outage.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+namespace gpulock {
+
+void RedisOutage::wait_to_retry(const Error& error, Clock::time_point deadline) {
+  if (!ongoing_)
+    std::fprintf(stderr, "gpulock: warning: %s; still waiting, retrying every second\n",
+                 error.what());
+  ongoing_ = true;
+  sleep_until(std::min(deadline, Clock::now() + std::chrono::seconds(1)));
+}
+
+void RedisOutage::end(RedisConnectionLoan& connection, std::chrono::milliseconds connect_budget,
+                      const std::optional<Clock::time_point>& deadline) {
+  if (!ongoing_) return;
+  connection.reconnect(connect_budget);
+  connection->set_deadline(deadline);
+  std::fprintf(stderr, "gpulock: Redis at %s answers again\n",
+               connection->endpoint().display().c_str());
+  ongoing_ = false;
+}
+
+void RedisOutage::sleep_until(Clock::time_point until) const {
+  while (Clock::now() < until) {
+    auto slice = until - Clock::now();
+    if (hooks_.interrupted) slice = std::min<Clock::duration>(slice, hooks_.interrupt_poll);
+    std::this_thread::sleep_for(slice);
+    if (hooks_.interrupted && hooks_.interrupted())
+      throw Error(ErrorCode::kInterrupted, interrupted_);
+  }
+}
+
+}  // namespace gpulock

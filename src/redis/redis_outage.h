@@ -1,0 +1,46 @@
+// RedisOutage: how a request that waits on a Redis pool rides out a server that stops
+// answering: one warning when the outage starts, a retry every second until the request's
+// deadline (interrupts still stop it), and one line when the server answers again. Shared by
+// the exclusive and the shared acquire, so that both say and do the same.
+#pragma once
+
+#include <chrono>
+#include <optional>
+
+#include "gpulock/error.hpp"
+#include "gpulock/request.hpp"
+#include "redis/redis_connection_cache.h"
+
+namespace gpulock {
+
+class RedisOutage {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `interrupted` is the message of the kInterrupted error thrown when the caller's interrupt
+  // fires while waiting.
+  RedisOutage(const WaitHooks& hooks, const char* interrupted) noexcept
+      : hooks_(hooks), interrupted_(interrupted) {}
+
+  bool ongoing() const { return ongoing_; }
+
+  // The server failed with `error`: warns the first time, then sleeps until the next retry (a
+  // second from now, never past `deadline`).
+  void wait_to_retry(const Error& error, Clock::time_point deadline);
+
+  // At the start of a round, if an outage is ongoing: connects `connection` again (within
+  // `connect_budget`, its calls bounded by `deadline` again) and says that the server answers.
+  // Throws, as the connection does, if it still does not.
+  void end(RedisConnectionLoan& connection, std::chrono::milliseconds connect_budget,
+           const std::optional<Clock::time_point>& deadline);
+
+  // Sleeps until `until`, checking the caller's interrupt as often as it asks.
+  void sleep_until(Clock::time_point until) const;
+
+ private:
+  const WaitHooks& hooks_;
+  const char* interrupted_;
+  bool ongoing_ = false;
+};
+
+}  // namespace gpulock
