@@ -155,7 +155,13 @@ RedisValue RedisConnection::command(const std::vector<std::string>& args) {
   if (closed_by_server && used_) {
     // A connection that sat idle (in a cache) was closed by the server meanwhile (a restart,
     // its idle timeout, CLIENT KILL): the command never reached it. Connect again, once.
-    std::unique_ptr<RedisConnection> fresh = connect(endpoint_, call_timeout());
+    std::unique_ptr<RedisConnection> fresh;
+    try {
+      fresh = connect(endpoint_, call_timeout());
+    } catch (const Error&) {
+      broken_ = true;  // this one is closed, and no other could be made
+      throw;
+    }
     std::swap(context_, fresh->context_);
     used_ = false;
     reply = redisCommandArgv(context_, static_cast<int>(argv.size()), argv.data(), lengths.data());
