@@ -220,7 +220,10 @@ void RedisLeaseKeeper::declare_lost(const std::string& reason) {
 void RedisLeaseKeeper::run() {
   const auto period = terms_.ttl / 3;
   auto retry_pause = std::chrono::milliseconds(100);
-  Clock::time_point next = Clock::now() + period;
+  // The first renewal a third of the TTL after the acquire was sent, not after this thread
+  // started: a lease taken back after an outage (its acquire's answer was lost) may have used
+  // most of its TTL already, and is then renewed at once.
+  Clock::time_point next = Clock::time_point(Clock::duration(confirmed_at_.load())) + period;
   std::unique_lock<std::mutex> lock(mutex_);
   const std::string ttl_passed =
       fmt::format("it could not be renewed for its whole TTL ({} ms)", terms_.ttl.count());

@@ -143,6 +143,18 @@ TEST_F(RedisLeaseKeeperTest, ALeaseWhoseTtlHasPassedIsLostToWhoeverAsksFirst) {
   EXPECT_TRUE(keeper->lost());
 }
 
+TEST_F(RedisLeaseKeeperTest, ALeaseStartedLateInItsTtlIsRenewedAtOnce) {
+  // As a lease taken back after an outage (its acquire's answer was lost): 7 s of its 10 s TTL
+  // have passed when the keeper starts. Its first renewal is due a third of the TTL after the
+  // acquire was sent, so at once; counted from the keeper's start (3.3 s), it came after the
+  // TTL had run out, and the lease was lost though the server still held it.
+  auto keeper = Hold(10s, 7s);
+  ASSERT_TRUE(keeper);
+  std::this_thread::sleep_for(3500ms);
+  EXPECT_FALSE(keeper->lost());
+  EXPECT_EQ(Get(keys_.lock(uuids_[0])), lease_id_);
+}
+
 TEST_F(RedisLeaseKeeperTest, UpdateRecordPublishesTheNewRecord) {
   auto keeper = Hold(10s);
   ASSERT_TRUE(keeper);
