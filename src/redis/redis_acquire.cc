@@ -146,8 +146,15 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
 
   // Runs an acquire script and makes the lease of an "ok" reply; nullopt when refused.
   const auto take = [&](const SentAcquire& acquire) -> std::optional<Lease> {
-    const RedisValue reply =
-        connection->run(redis_scripts::kAcquire, {settings_.version_key()}, acquire.args);
+    RedisValue reply;
+    try {
+      reply = connection->run(redis_scripts::kAcquire, {settings_.version_key()}, acquire.args);
+    } catch (const Error&) {
+      // The server answered with an error (a refusal by its ACL, say): the script did not run,
+      // and this is no outage to wait out.
+      if (!connection->broken()) unanswered.reset();
+      throw;
+    }
     unanswered.reset();
     if (reply.elements.size() == 2 && reply.elements[0].text == "exhausted") {
       // The script wrote nothing: no lock is left behind, and waiting cannot help.

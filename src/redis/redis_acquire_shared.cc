@@ -137,8 +137,16 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
   // script's outcome in *outcome.
   const auto take = [&](const SentSharedAcquire& acquire,
                         std::string* outcome) -> std::optional<Lease> {
-    const RedisValue reply =
-        connection->run(redis_scripts::kAcquireShared, {settings_.version_key()}, acquire.args);
+    RedisValue reply;
+    try {
+      reply =
+          connection->run(redis_scripts::kAcquireShared, {settings_.version_key()}, acquire.args);
+    } catch (const Error&) {
+      // The server answered with an error (a refusal by its ACL, say): the script did not run,
+      // and this is no outage to wait out.
+      if (!connection->broken()) unanswered.reset();
+      throw;
+    }
     unanswered.reset();
     *outcome = reply.elements.empty() ? "" : reply.elements[0].text;
     if (*outcome == "exhausted" && reply.elements.size() == 2) {
@@ -200,8 +208,13 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
       first_round = false;
       outage.end(connection, calls.connect_budget(), calls.deadline());
       if (unanswered) {
-        // The server went away before answering our acquire: send it again, the same.
-        const SentSharedAcquire again = *unanswered;
+        // The server went away before answering our acquire: ask again whether it ran. Every
+        // GPU is offered with no room, so that the script answers as the first run did if that
+        // lease is there, and otherwise takes nothing (its readings are from before the outage):
+        // the request then plans again from what the pool is now.
+        SentSharedAcquire again = *unanswered;
+        for (std::size_t capacity = 10; capacity < again.args.size(); capacity += 4)
+          again.args[capacity] = "0";
         std::string outcome;
         if (std::optional<Lease> lease = take(again, &outcome)) return std::move(*lease);
       }

@@ -326,26 +326,67 @@ def test_an_acquire_whose_answer_was_lost_in_an_outage_is_taken_when_the_server_
         proxy.close()
 
 
-def test_a_shared_request_waiting_for_memory_waits_out_an_outage(rw):
-    """A shared request waits (the GPU is held whole) when Redis stops: it must keep waiting
-    and be served once Redis is back and the holder ends, as a whole-GPU request is. Before, it
-    failed with exit 69 as soon as the server stopped answering."""
+@pytest.mark.parametrize("request_args", [("-n", "1"), ("--mem", "10G")],
+                         ids=["whole-gpu", "shared"])
+def test_an_acquire_cut_off_before_it_ran_is_planned_again_when_the_server_answers(
+        rw, request_args):
+    """The other side of the test above: the server went away just before the acquire reached
+    it. When it answers again, the acquire sent again finds no lease of its own and is refused
+    (the whole-GPU one carries a version no pool has; the shared one offers no room), and the
+    request plans again and takes the GPU with a new acquire."""
     rw.register("node-a", gpus=1)
-    holder = rw.hold("-n", "1")
-    served = rw.tmp / "served"
-    waiter = rw.spawn("run", "--mem", "10G", "--", "sh", "-c", 'touch "$1"', "waiter", served)
-    wait_until(lambda: "waiting for" in waiter.stderr() or not waiter.alive(), timeout=HANG,
-               what="the shared request to wait")
-    assert waiter.alive(), waiter.describe()
-    rw.server.stop()
-    wait_until(lambda: "still waiting" in waiter.stderr() or not waiter.alive(), timeout=HANG,
-               what="the shared request to meet the outage")
-    assert waiter.alive(), waiter.describe()
-    rw.server.start()
-    assert holder.finish() == 0, holder.bg.describe()
-    assert waiter.wait() == 0, waiter.describe()
-    assert served.exists(), waiter.describe()
-    assert "answers again" in waiter.stderr(), waiter.describe()
+    assert rw.run_no_wait("-n", "1").returncode == 0  # the pool's first token is set
+    token_before = int(rw.server.command("GET", rw.key("token")))
+    proxy = TcpProxy(rw.server.port)
+    try:
+        proxy.cut_before(b"unsent-acquire")
+        report = rw.tmp / "lease"
+        job = rw.spawn("run", *request_args, "--label", "unsent-acquire", "--", "sh", "-c",
+                       'echo "$GPULOCK_LEASE_ID $GPULOCK_FENCING_TOKEN" > "$1"', "job", report,
+                       env=rw.env(url=proxy.url(), ttl="120s"))
+        wait_until(lambda: "still waiting" in job.stderr() or not job.alive(), timeout=HANG,
+                   what="the request to meet the outage")
+        assert proxy.cut.is_set() and job.alive(), job.describe()
+        assert int(rw.server.command("GET", rw.key("token"))) == token_before, "it ran"
+        proxy.resume()
+        assert job.wait() == 0, job.describe()
+        lease_id, token = report.read_text().split()
+        assert int(token) > token_before, job.describe()
+        assert int(rw.server.command("GET", rw.key("token"))) == int(token)
+        assert rw.server.command("EXISTS", rw.key("lease:" + lease_id)) == 0
+        assert not [k for k in rw.pool_keys() if ":lock:" in k or ":lease:" in k]
+    finally:
+        proxy.close()
+
+
+def test_a_shared_request_waiting_for_memory_waits_out_an_outage(rw):
+    """A shared request waits (the GPU is held whole) when it loses Redis: it must keep waiting
+    and be served once Redis answers again and the holder ends, as a whole-GPU request is.
+    Before, it failed with exit 69 as soon as the server stopped answering. The waiter reaches
+    Redis through a proxy, so that the holder keeps its lease through the waiter's outage."""
+    rw.register("node-a", gpus=1)
+    holder = rw.hold("-n", "1", env=rw.env(ttl="120s"))
+    proxy = TcpProxy(rw.server.port)
+    try:
+        served = rw.tmp / "served"
+        waiter = rw.spawn("run", "--mem", "10G", "--", "sh", "-c", 'touch "$1"', "waiter",
+                          served, env=rw.env(url=proxy.url()))
+        wait_until(lambda: "waiting for" in waiter.stderr() or not waiter.alive(),
+                   timeout=HANG, what="the shared request to wait")
+        assert waiter.alive(), waiter.describe()
+        proxy.cut_now()
+        wait_until(lambda: "still waiting" in waiter.stderr() or not waiter.alive(),
+                   timeout=HANG, what="the shared request to meet the outage")
+        assert waiter.alive(), waiter.describe()
+        proxy.resume()
+        wait_until(lambda: "answers again" in waiter.stderr() or not waiter.alive(),
+                   timeout=HANG, what="the shared request to reach Redis again")
+        assert waiter.alive() and not served.exists(), waiter.describe()  # the GPU is held
+        assert holder.finish() == 0, holder.bg.describe()
+        assert waiter.wait() == 0, waiter.describe()
+        assert served.exists(), waiter.describe()
+    finally:
+        proxy.close()
 
 
 def test_an_acquire_sent_again_after_its_answer_was_lost_is_answered_as_the_first_time(rw):

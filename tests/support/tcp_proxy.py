@@ -4,7 +4,9 @@ server's answer (so the request surely ran), and then, instead of passing the an
 every connection and stops listening, as a server that dies between running a command and
 answering it would; `resume()` listens again on the same port. With `only_that_connection`, it
 closes that request's connection alone and keeps listening, as a server that drops one client
-(CLIENT KILL, a restart quicker than the client's next connect) would.
+(CLIENT KILL, a restart quicker than the client's next connect) would. `cut_before(marker)`
+cuts the same way without passing the marked request on: a server that went away just before
+it arrived.
 """
 
 import select
@@ -25,6 +27,7 @@ class TcpProxy:
         self._connections = []  # (client socket, server socket)
         self._marker = None
         self._cut_one = False
+        self._run_marked = True  # whether the marked request reaches the server
         self._stopped = False
         self.cut = threading.Event()  # set once the marked request ran and was cut off
         self._listener = self._listen(0)
@@ -39,6 +42,21 @@ class TcpProxy:
         with self._lock:
             self._marker = marker
             self._cut_one = only_that_connection
+            self._run_marked = True
+
+    def cut_before(self, marker):
+        """Arms a cut of everything at the first request that contains `marker`, which the
+        server never sees."""
+        with self._lock:
+            self._marker = marker
+            self._cut_one = False
+            self._run_marked = False
+
+    def cut_now(self):
+        """Closes every connection and stops listening at once, as a server that dies."""
+        with self._lock:
+            self._drop_all()
+        self.cut.set()
 
     def resume(self):
         """Listens again, on the same port, after a cut."""
@@ -132,9 +150,11 @@ class TcpProxy:
 
     def _cut(self, client, server, request):
         """Passes the rest of the request on, waits for the first byte of the answer (the
-        request ran), and then drops everything without passing the answer on."""
-        server.sendall(request)
-        answered = False
+        request ran), and then drops everything without passing the answer on. (With
+        cut_before, drops everything at once.)"""
+        answered = not self._run_marked
+        if not answered:
+            server.sendall(request)
         while not answered:
             ready, _, _ = select.select([client, server], [], [], ANSWER_HANG)
             if not ready:
