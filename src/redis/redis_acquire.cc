@@ -146,16 +146,10 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
 
   // Runs an acquire script and makes the lease of an "ok" reply; nullopt when refused.
   const auto take = [&](const SentAcquire& acquire) -> std::optional<Lease> {
-    RedisValue reply;
-    try {
-      reply = connection->run(redis_scripts::kAcquire, {settings_.version_key()}, acquire.args);
-    } catch (const Error&) {
-      // The server answered with an error (a refusal by its ACL, say): the script did not run,
-      // and this is no outage to wait out.
-      if (!connection->broken()) unanswered.reset();
-      throw;
-    }
-    unanswered.reset();
+    // Until it is answered, an outage is waited out, however long this request has waited: the
+    // script may have run, and only the server can say so once it answers again.
+    const RedisValue reply = run_until_answered(connection, redis_scripts::kAcquire,
+                                                {settings_.version_key()}, acquire, &unanswered);
     if (reply.elements.size() == 2 && reply.elements[0].text == "exhausted") {
       // The script wrote nothing: no lock is left behind, and waiting cannot help.
       token_unusable = true;
@@ -336,9 +330,6 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         for (const std::string& id : to_wake) acquire.args.back() += id + "\n";
         for (const Gpu* g : chosen) acquire.args.push_back(g->device.uuid);
         acquire.sent = Clock::now();
-        // Until it is answered, an outage is waited out, however long this request has waited:
-        // the script may have run, and only the server can say so once it answers again.
-        unanswered = acquire;
         if (std::optional<Lease> lease = take(acquire)) return std::move(*lease);
         continue;  // the pool changed since the snapshot: plan again
       }

@@ -77,9 +77,9 @@ struct SharedCandidate {
 };
 
 // A shared acquire script as sent: what makes a lease of its reply. Kept while its answer has
-// not come (the server may have run it and gone away before answering) and sent again, the same,
-// once the server answers: the script gives the first run's answer if that lease is there, and
-// otherwise checks and takes memory as any acquire does.
+// not come (the server may have run it and gone away before answering) and sent again, offering
+// no room, once the server answers: the script gives the first run's answer if that lease is
+// there, and otherwise takes nothing.
 struct SentSharedAcquire {
   std::string lease_id;
   std::map<std::string, std::pair<LeasedGpu, std::string>> offered;  // by UUID, with its host
@@ -137,17 +137,10 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
   // script's outcome in *outcome.
   const auto take = [&](const SentSharedAcquire& acquire,
                         std::string* outcome) -> std::optional<Lease> {
-    RedisValue reply;
-    try {
-      reply =
-          connection->run(redis_scripts::kAcquireShared, {settings_.version_key()}, acquire.args);
-    } catch (const Error&) {
-      // The server answered with an error (a refusal by its ACL, say): the script did not run,
-      // and this is no outage to wait out.
-      if (!connection->broken()) unanswered.reset();
-      throw;
-    }
-    unanswered.reset();
+    // Until it is answered, an outage is waited out, even by a request that has not waited: the
+    // script may have run, and only the server can say so once it answers again.
+    const RedisValue reply = run_until_answered(connection, redis_scripts::kAcquireShared,
+                                                {settings_.version_key()}, acquire, &unanswered);
     *outcome = reply.elements.empty() ? "" : reply.elements[0].text;
     if (*outcome == "exhausted" && reply.elements.size() == 2) {
       retrying_cannot_help = true;
@@ -363,9 +356,6 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
               c->gpu->host};
         }
         acquire.sent = Clock::now();
-        // Until it is answered, an outage is waited out, even by a request that has not waited:
-        // the script may have run, and only the server can say so once it answers again.
-        unanswered = acquire;
         std::string outcome;
         if (std::optional<Lease> lease = take(acquire, &outcome)) return std::move(*lease);
         if (outcome == "queue") {

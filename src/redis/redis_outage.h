@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <optional>
+#include <vector>
 
 #include "gpulock/error.hpp"
 #include "gpulock/request.hpp"
@@ -21,8 +22,6 @@ class RedisOutage {
   // fires while waiting.
   RedisOutage(const WaitHooks& hooks, const char* interrupted) noexcept
       : hooks_(hooks), interrupted_(interrupted) {}
-
-  bool ongoing() const { return ongoing_; }
 
   // The server failed with `error`: warns the first time, then sleeps until the next retry (a
   // second from now, never past `deadline`).
@@ -42,5 +41,24 @@ class RedisOutage {
   const char* interrupted_;
   bool ongoing_ = false;
 };
+
+// Runs an acquire script (`script` with `sent.args`), whose answer an outage may take away after
+// the script ran. Until the server answers, `*unanswered` holds `sent`, for the caller to send
+// again once the server is back; any answer clears it, an error reply included (the script did
+// not run then, and that is no outage to wait out). Rethrows the connection's error.
+template <typename Sent>
+RedisValue run_until_answered(RedisConnectionLoan& connection, const RedisScript& script,
+                              const std::vector<std::string>& keys, const Sent& sent,
+                              std::optional<Sent>* unanswered) {
+  *unanswered = sent;
+  try {
+    RedisValue reply = connection->run(script, keys, sent.args);
+    unanswered->reset();
+    return reply;
+  } catch (const Error&) {
+    if (!connection->broken()) unanswered->reset();
+    throw;
+  }
+}
 
 }  // namespace gpulock
