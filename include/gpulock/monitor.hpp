@@ -52,7 +52,7 @@ class IdleTracker {
   std::map<std::string, Reading> readings_;  // by "host/uuid"
 };
 
-// $XDG_STATE_HOME/gpulock/idle-readings.json, else ~/.local/state/gpulock/idle-readings.json;
+// $XDG_STATE_HOME/gpulock/idle-readings.txt, else ~/.local/state/gpulock/idle-readings.txt;
 // empty (memory only) when neither can be named (no HOME), or the directory named is not one of
 // this user's own (root under sudo with the invoking user's HOME).
 std::filesystem::path default_idle_record_path();

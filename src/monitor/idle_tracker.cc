@@ -1,14 +1,20 @@
 // IdleTracker (gpulock/monitor.hpp): how long each leased GPU has read 0 % utilisation, from
-// readings kept across runs in a per-user JSON file.
+// readings kept across runs in a per-user text file, one line per GPU.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdlib>
+#include <iterator>
 #include <string>
+#include <string_view>
+#include <unordered_set>
 
-#include <nlohmann/json.hpp>
+#include <fmt/format.h>
 
 #include "gpulock/monitor.hpp"
 #include "util/fd.h"
@@ -18,7 +24,27 @@
 namespace gpulock {
 namespace {
 
-constexpr std::size_t kMaxRecordBytes = 1024 * 1024;
+constexpr std::size_t kMaxRecordBytes = 4 * 1024 * 1024;
+
+// The record: this header, then one line per GPU, "KEY LEASE_ID ZERO_SINCE LAST_SEEN" (the
+// times in Unix seconds). It was a JSON document until a 100-host `status --pool` with a few
+// hundred readings spent a third of its time parsing and writing it with a DOM.
+constexpr std::string_view kRecordHeader = "gpulock idle readings 1\n";
+
+// A key or lease id the record can hold: printable ASCII without spaces. Others (a host name
+// from another host's registration could hold anything) are not kept between runs.
+bool is_record_field(std::string_view text) {
+  return !text.empty() && text.size() <= 1024 &&
+         std::all_of(text.begin(), text.end(), [](char c) { return c > ' ' && c < 127; });
+}
+
+std::optional<double> time_of(std::string_view text) {
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || !std::isfinite(value))
+    return std::nullopt;
+  return value;
+}
 
 std::string key_of(const PoolStatus& status, const GpuStatus& gpu) {
   return (gpu.host.empty() ? status.host : gpu.host) + "/" + gpu.device.uuid;
@@ -54,28 +80,38 @@ IdleTracker::IdleTracker(std::filesystem::path record) : record_(std::move(recor
 void IdleTracker::load() {
   readings_.clear();
   if (record_.empty()) return;
-  const auto document = nlohmann::json::parse(read_record(record_), nullptr, false);
-  if (!document.is_object() || !document.contains("gpus") || !document["gpus"].is_object())
-    return;  // missing or damaged: start again from no readings
-  for (const auto& [key, entry] : document["gpus"].items()) {
-    if (!entry.is_object() || !entry.value("lease_id", nlohmann::json()).is_string() ||
-        !entry.value("zero_since", nlohmann::json()).is_number() ||
-        !entry.value("last_seen", nlohmann::json()).is_number())
+  const std::string text = read_record(record_);
+  std::string_view rest(text);
+  if (!rest.starts_with(kRecordHeader)) return;  // missing, damaged, or another format
+  rest.remove_prefix(kRecordHeader.size());
+  // A line that is not four good fields is skipped; the others still count.
+  while (!rest.empty()) {
+    const std::size_t end = std::min(rest.find('\n'), rest.size());
+    std::string_view line = rest.substr(0, end);
+    rest.remove_prefix(std::min(end + 1, rest.size()));
+    std::string_view fields[4];
+    std::size_t n = 0;
+    while (n < 4 && !line.empty()) {
+      const std::size_t space = std::min(line.find(' '), line.size());
+      fields[n++] = line.substr(0, space);
+      line.remove_prefix(std::min(space + 1, line.size()));
+    }
+    if (n != 4 || !line.empty() || !is_record_field(fields[0]) || !is_record_field(fields[1]))
       continue;
-    readings_[key] = Reading{entry["lease_id"].get<std::string>(),
-                             entry["zero_since"].get<double>(), entry["last_seen"].get<double>()};
+    const auto zero_since = time_of(fields[2]);
+    const auto last_seen = time_of(fields[3]);
+    if (!zero_since || !last_seen) continue;
+    readings_[std::string(fields[0])] = Reading{std::string(fields[1]), *zero_since, *last_seen};
   }
 }
 
 void IdleTracker::save() const {
   if (record_.empty()) return;
-  nlohmann::json gpus = nlohmann::json::object();
+  std::string text(kRecordHeader);
   for (const auto& [key, r] : readings_)
-    gpus[key] = {
-        {"lease_id", r.lease_id}, {"zero_since", r.zero_since}, {"last_seen", r.last_seen}};
-  const std::string text = nlohmann::json{{"version", 1}, {"gpus", gpus}}.dump(
-                               -1, ' ', false, nlohmann::json::error_handler_t::replace) +
-                           "\n";
+    if (is_record_field(key) && is_record_field(r.lease_id))
+      fmt::format_to(std::back_inserter(text), "{} {} {:.6f} {:.6f}\n", key, r.lease_id,
+                     r.zero_since, r.last_seen);
   // Written beside the record and renamed over it, so a reader never sees half a file.
   std::error_code ignored;
   std::filesystem::create_directories(record_.parent_path(), ignored);
@@ -131,13 +167,16 @@ void IdleTracker::observe(PoolStatus& status, std::chrono::seconds idle_after) {
     gpu.idle = now - zero_since >= std::chrono::duration<double>(idle_after).count();
   }
   status.idle_after = idle_after;
-  // Readings of other hosts' GPUs that this status did not cover are kept.
-  for (auto& [key, reading] : readings_)
-    if (seen.count(key) == 0 && now - reading.last_seen <= max_gap) {
-      bool covered = false;
-      for (const auto& gpu : status.gpus) covered = covered || key_of(status, gpu) == key;
-      if (!covered) seen.emplace(key, reading);
-    }
+  // Readings of other hosts' GPUs that this status did not cover are kept. The status's keys
+  // are listed once, when some reading needs them: a test per reading of every GPU was
+  // quadratic (300 readings of another pool cost a 100-host `status --pool` 30 % of its time).
+  std::unordered_set<std::string> covered;
+  for (auto& [key, reading] : readings_) {
+    if (seen.count(key) != 0 || now - reading.last_seen > max_gap) continue;
+    if (covered.empty())
+      for (const auto& gpu : status.gpus) covered.insert(key_of(status, gpu));
+    if (covered.count(key) == 0) seen.emplace(key, reading);
+  }
   readings_ = std::move(seen);
   try {
     if (!record_.empty()) save();
@@ -163,11 +202,11 @@ std::filesystem::path default_idle_record_path() {
   const char* state = std::getenv("XDG_STATE_HOME");
   if (state != nullptr && *state == '/') {
     if (!ours(state)) return {};
-    return std::filesystem::path(state) / "gpulock" / "idle-readings.json";
+    return std::filesystem::path(state) / "gpulock" / "idle-readings.txt";
   }
   const char* home = std::getenv("HOME");
   if (home != nullptr && *home == '/' && ours(home))
-    return std::filesystem::path(home) / ".local" / "state" / "gpulock" / "idle-readings.json";
+    return std::filesystem::path(home) / ".local" / "state" / "gpulock" / "idle-readings.txt";
   return {};
 }
 

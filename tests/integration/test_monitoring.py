@@ -113,7 +113,7 @@ def test_idle_after_must_be_a_sensible_duration(gl):
 
 
 def test_a_bad_readings_file_never_stops_status(gl):
-    """The per-user readings file (XDG_STATE_HOME/gpulock/idle-readings.json) is a convenience:
+    """The per-user readings file (XDG_STATE_HOME/gpulock/idle-readings.txt) is a convenience:
     whatever sits at its place, or when no place can be named or written, `status` and
     `metrics` still answer at once. A FIFO (or a symlink to one) would block a reader that opened
     it blindly for ever; the hang guard turns that into a failure."""
@@ -121,7 +121,7 @@ def test_a_bad_readings_file_never_stops_status(gl):
     env = gl.env(fake=path, GPULOCK_CONFIG=config(gl, 'idle_after = "1h"\n'))
     gl.hold("--gpus", "0", env=env)
     state = gl.tmp / "state"
-    record = state / "gpulock" / "idle-readings.json"
+    record = state / "gpulock" / "idle-readings.txt"
     elsewhere = gl.tmp / "elsewhere"
     elsewhere.mkdir()
     fifo = elsewhere / "fifo"
@@ -144,9 +144,10 @@ def test_a_bad_readings_file_never_stops_status(gl):
     answers()
     replace_record(lambda: os.symlink(fifo, record))
     answers()
-    for text in (b"[]", b'{"gpus": []}', b'{"gpus": {"x": {"lease_id": 5}}}', b"\xff\xfe\x00",
-                 b'{"gpus": {"node/GPU-1": {"lease_id": "a", "zero_since": 1e308, '
-                 b'"last_seen": -1e308}}}'):
+    header = b"gpulock idle readings 1\n"
+    for text in (b"[]", b'{"gpus": {"x": {"lease_id": 5}}}', b"\xff\xfe\x00", header + b"\xff\xfe\x00",
+                 header + b"node/GPU-1 a 1e308 -1e308\n", header + b"node/GPU-1 a inf nan\n",
+                 header + b"a b c\n" + b"x" * 100000 + b" y 1 2\n", header * 3):
         replace_record(lambda: record.write_bytes(text))
         answers()
     # A file where the state directory should be: nothing can be kept, the status still shows.

@@ -102,7 +102,7 @@ def test_idle_gpus_are_followed_across_status_runs_through_nvml(gl):
     idle = wait_until(lambda: (lambda g: g if g["idle"] else None)(gl.gpu_status(0, env=env)),
                       what="GPU 0 to be idle")
     assert idle["idle_since"] == pytest.approx(first["idle_since"])
-    assert (gl.tmp / "state" / "gpulock" / "idle-readings.json").is_file()
+    assert (gl.tmp / "state" / "gpulock" / "idle-readings.txt").is_file()
 
 
 # The real driver (580, on an H100) starts threads in nvmlInit that keep the signal mask they

@@ -122,6 +122,39 @@ TEST(IdleTrackerTest, ADamagedRecordCountsAsNoReadings) {
   EXPECT_TRUE(next.gpus[0].idle);
 }
 
+TEST(IdleTrackerTest, ReadingsOfGpusAStatusDidNotCoverAreKept) {
+  test_support::TempDir dir;
+  const auto path = dir.path() / "idle.txt";
+  auto first = reading(0s, 0);
+  IdleTracker(path).observe(first, 60s);
+  // Another host's status in between (`gpulock status` there, or of another pool): node1's
+  // reading stays in the record.
+  auto elsewhere = reading(30s, 0, "bbbbbbbbbbbbbbbb");
+  elsewhere.host = "node2";
+  elsewhere.gpus[0].device.uuid = "GPU-2";
+  IdleTracker(path).observe(elsewhere, 60s);
+  auto again = reading(90s, 0);
+  IdleTracker(path).observe(again, 60s);
+  EXPECT_EQ(*again.gpus[0].idle_since, kStart);
+  EXPECT_TRUE(again.gpus[0].idle);
+}
+
+TEST(IdleTrackerTest, ADamagedLineOfTheRecordIsSkippedAndTheOthersCount) {
+  test_support::TempDir dir;
+  const auto path = dir.path() / "idle.txt";
+  const double start = 1'800'000'000;
+  std::ofstream(path) << "gpulock idle readings 1\n"
+                      << "node1/GPU-9 aaaaaaaaaaaaaaaa nan 1\n"
+                      << "node1/GPU-8 aaaaaaaaaaaaaaaa 1 2 3\n"
+                      << "\xff\xfe 12\n"
+                      << "node1/GPU-1 aaaaaaaaaaaaaaaa " << std::fixed << start + 10 << " "
+                      << start + 50 << "\n";
+  auto status = reading(90s, 0);
+  IdleTracker(path).observe(status, 60s);
+  EXPECT_EQ(*status.gpus[0].idle_since, kStart + 10s);
+  EXPECT_TRUE(status.gpus[0].idle);
+}
+
 TEST(IdleTrackerTest, ASourcesOwnIdleSinceIsTakenButNotBeforeTheLease) {
   IdleTracker tracker;
   auto status = reading(3600s, 0);
