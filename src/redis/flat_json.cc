@@ -33,6 +33,9 @@ class Reader {
 
   bool object(FlatJsonObject& out, bool nested) {
     if (!take('{')) return false;
+    // Room for the fields of a registration (7 to 9): one allocation each, not one per doubling.
+    out.keys.reserve(12);
+    out.values.reserve(12);
     skip_space();
     if (p_ != end_ && *p_ == '}') {
       ++p_;

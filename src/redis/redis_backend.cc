@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <numeric>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -197,13 +198,37 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
     }
     out.gpus.push_back(std::move(gpu));
   }
-  // This host's GPUs first, each host's in index order.
-  std::stable_sort(out.gpus.begin(), out.gpus.end(), [&](const Gpu& a, const Gpu& b) {
+  // This host's GPUs first, each host's in index order. The order is sorted, not the GPUs
+  // (~400 bytes each): each is then moved once, not at every step of a merge.
+  const auto before = [](const Gpu& a, const Gpu& b) {
     if (a.local != b.local) return a.local;
     if (a.host != b.host) return a.host < b.host;
     if (a.device.index != b.device.index) return a.device.index < b.device.index;
     return a.device.mig_index.value_or(0) < b.device.mig_index.value_or(0);
-  });
+  };
+  if (!std::is_sorted(out.gpus.begin(), out.gpus.end(), before)) {
+    std::vector<std::size_t> order(out.gpus.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return before(out.gpus[a], out.gpus[b]);
+    });
+    // In place, cycle by cycle: position k takes the GPU that was at order[k].
+    std::vector<bool> placed(order.size(), false);
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      if (placed[k] || order[k] == k) continue;
+      Gpu first = std::move(out.gpus[k]);
+      for (std::size_t to = k;;) {
+        const std::size_t from = order[to];
+        placed[to] = true;
+        if (from == k) {
+          out.gpus[to] = std::move(first);
+          break;
+        }
+        out.gpus[to] = std::move(out.gpus[from]);
+        to = from;
+      }
+    }
+  }
 
   const RedisValue& leases = element(reply, 4);
   for (std::size_t i = 0; i + 3 < leases.elements.size(); i += 4) {
