@@ -46,6 +46,7 @@
 #include "bench_support.h"
 #include "process_probe.h"
 #include "redis/device_record.h"
+#include "redis/packed_registrations.h"
 #include "redis/redis_connection.h"
 #include "redis/redis_scripts.h"
 #include "redis/redis_url.h"
@@ -767,20 +768,33 @@ void bench_status(const Options& options, const RedisServer& server) {
     print_row("... and that GpuPool's second (warm)", stats_of(second_us));
   }
 
-  // What a cold pool parses: every GPU's two JSON documents (a warm pool parses a registration
-  // again only when its JSON changed).
+  // What a cold pool parses: every GPU's two JSON documents, from each host's package (a warm
+  // pool parses a registration again only when its JSON changed).
   const gpulock::RedisValue reply =
       connection->run(gpulock::redis_scripts::kSnapshot, {version_key}, {""});
-  const auto& gpus = reply.elements.at(3).elements;
+  const auto& hosts = reply.elements.at(2).elements;
+  std::vector<gpulock::PackedRegistration> registrations;
+  for (std::size_t i = 0; i + 3 < hosts.size(); i += 4)
+    if (const auto packed = gpulock::unpack_registrations(hosts[i + 3].text))
+      for (const auto& [uuid, registration] : *packed) registrations.push_back(registration);
   std::size_t parsed = 0;
-  print_row("parse_registered_device() for every GPU of the reply (" +
-                std::to_string(gpus.size() / 7) + ", cold pool only)",
+  print_row("unpack_registrations() of every host of the reply (" +
+                std::to_string(hosts.size() / 4) + ")",
             stats_of(time_calls(n, [&] {
               parsed = 0;
-              for (std::size_t i = 0; i + 6 < gpus.size(); i += 7)
-                if (gpulock::parse_registered_device(gpus[i + 2].text, gpus[i + 3].text)) ++parsed;
+              for (std::size_t i = 0; i + 3 < hosts.size(); i += 4)
+                if (const auto packed = gpulock::unpack_registrations(hosts[i + 3].text))
+                  parsed += packed->size();
             })));
-  if (parsed != gpus.size() / 7) throw std::runtime_error("unparsable registrations?");
+  print_row("parse_registered_device() for every GPU of the reply (" +
+                std::to_string(registrations.size()) + ", cold pool only)",
+            stats_of(time_calls(n, [&] {
+              parsed = 0;
+              for (const auto& r : registrations)
+                if (gpulock::parse_registered_device(r.static_json, r.readings_json)) ++parsed;
+            })));
+  if (registrations.empty() || parsed != registrations.size())
+    throw std::runtime_error("unparsable registrations?");
 
   // The leases' holder records, parsed on every status.
   const auto& lease_fields = reply.elements.at(4).elements;
@@ -792,8 +806,7 @@ void bench_status(const Options& options, const RedisServer& server) {
             })));
   {  // What the reply carries (the server's byte count is in the pool_status() row above).
     std::size_t gpu_json = 0, record_bytes = 0, record_trimmed = 0;
-    for (std::size_t i = 0; i + 6 < gpus.size(); i += 7)
-      gpu_json += gpus[i + 2].text.size() + gpus[i + 3].text.size();
+    for (const auto& r : registrations) gpu_json += r.static_json.size() + r.readings_json.size();
     for (std::size_t i = 0; i + 3 < lease_fields.size(); i += 4) {
       const std::string& text = lease_fields[i + 1].text;
       record_bytes += text.size();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <numeric>
 #include <string_view>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include "gpulock/error.hpp"
 #include "gpulock/version.hpp"
 #include "redis/device_record.h"
+#include "redis/packed_registrations.h"
 #include "redis/redis_scripts.h"
 #include "redis/wake_message.h"
 #include "util/random_id.h"
@@ -59,8 +61,8 @@ RedisBackend::RedisBackend(std::unique_ptr<DeviceSource> source, Config config,
                                                           std::chrono::milliseconds(5000))),
       journal_(std::make_shared<RedisJournal>(connections_, settings_.prefix() + "journal")) {}
 
-std::optional<Device> RedisBackend::registered_device(const std::string& static_json,
-                                                      const std::string& readings_json) {
+std::optional<Device> RedisBackend::registered_device(std::string_view static_json,
+                                                      std::string_view readings_json) {
   // Parsing is most of a large snapshot's cost, and a registration changes at most every 30 s:
   // a waiter that plans on every event, or a process showing status repeatedly, parses each
   // registration once. A registration is kept from the second time it is seen: a one-shot
@@ -147,10 +149,18 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
   out.now_ms = integer_of(element(reply, 1));
 
   const RedisValue& hosts = element(reply, 2);
-  for (std::size_t i = 0; i + 2 < hosts.elements.size(); i += 3)
+  // Hosts whose GPUs' registrations came packed (redis/packed_registrations.h); a package that
+  // is unreadable makes each of its GPUs' registrations unreadable.
+  std::unordered_map<std::string_view,
+                     std::optional<std::unordered_map<std::string_view, PackedRegistration>>>
+      packed_of;
+  for (std::size_t i = 0; i + 3 < hosts.elements.size(); i += 4) {
     out.hosts.push_back(HostEntry{
         hosts.elements[i].text,
         static_cast<long long>(whole_number<double>(hosts.elements[i + 1].text).value_or(0))});
+    if (!hosts.elements[i + 3].text.empty())
+      packed_of.emplace(hosts.elements[i].text, unpack_registrations(hosts.elements[i + 3].text));
+  }
 
   const RedisValue& gpus = element(reply, 3);
   {
@@ -187,7 +197,17 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
       }
     }
     if (!gpu.local) {
-      auto device = registered_device(gpus.elements[i + 2].text, gpus.elements[i + 3].text);
+      std::string_view static_json = gpus.elements[i + 2].text;
+      std::string_view readings_json = gpus.elements[i + 3].text;
+      if (const auto packed = packed_of.find(gpu.host); packed != packed_of.end()) {
+        static_json = readings_json = {};
+        if (packed->second)
+          if (const auto it = packed->second->find(uuid); it != packed->second->end()) {
+            static_json = it->second.static_json;
+            readings_json = it->second.readings_json;
+          }
+      }
+      auto device = registered_device(static_json, readings_json);
       if (!device || device->uuid != uuid) {
         out.warnings.push_back(fmt::format("the registration of GPU {} (host {}) is unreadable",
                                            sanitize_for_display(uuid, 80),

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -121,8 +122,8 @@ class RedisBackend final : public LeaseBackend {
   // The queue as people see it, planned from a snapshot.
   QueueStatus queue_of(const Snapshot& snapshot);
   // A registered device from its JSON, parsed once per distinct registration.
-  std::optional<Device> registered_device(const std::string& static_json,
-                                          const std::string& readings_json);
+  std::optional<Device> registered_device(std::string_view static_json,
+                                          std::string_view readings_json);
   // A queued ticket from its JSON body, parsed once per distinct body.
   std::optional<Ticket> queued_ticket(const std::string& body);
   // The number standing for a user in plans (users are the same person on every host by name).

@@ -263,6 +263,8 @@ for i = 3, #ARGV, 3 do
   own_key(key, 'hash')
   local old = hmget(key, 'host', 'info')
   if old[1] ~= host or old[2] ~= ARGV[i + 1] then changed = true end
+  -- A GPU that another host listed last: that host's packed registrations no longer hold.
+  if old[1] and old[1] ~= host then redis.pcall('HDEL', P .. 'host:' .. old[1], 'gpus') end
   redis.call('HSET', key, 'host', host, 'info', ARGV[i + 1], 'readings', ARGV[i + 2],
              'read_at', now_ms)
   if redis.call('SADD', set, uuid) == 1 then changed = true end
@@ -274,6 +276,23 @@ for _, uuid in ipairs(redis.call('SMEMBERS', set)) do
     changed = true
   end
 end
+-- The same registrations packed in one field of host:<H>, read by a snapshot in one HMGET for
+-- the host instead of one per GPU: the read time, then per GPU (by UUID, the last listing of a
+-- UUID listed twice) its UUID, info and readings, each as "<length>:<bytes>".
+local packed, order = {}, {}
+for i = 3, #ARGV, 3 do
+  if not packed[ARGV[i]] then table.insert(order, ARGV[i]) end
+  packed[ARGV[i]] = i
+end
+table.sort(order)
+local parts = {#tostring(now_ms) .. ':' .. now_ms}
+for _, uuid in ipairs(order) do
+  local i = packed[uuid]
+  for k = i, i + 2 do parts[#parts + 1] = #ARGV[k] .. ':' .. ARGV[k] end
+end
+-- gpus_at is registered_at's value: a registration by an older gpulock (no package) since
+-- changes registered_at only, and the snapshot then knows this package is stale.
+redis.call('HSET', P .. 'host:' .. host, 'gpus', table.concat(parts), 'gpus_at', now_ms)
 if changed then
   bump('register')
   wake_queue_head('', 1)
@@ -392,13 +411,25 @@ for _, entry in ipairs(listed) do
   in_scope[host] = true
   table.insert(hosts_out, host)
   table.insert(hosts_out, entry[2])
-  table.insert(hosts_out, hmget(P .. 'host:' .. host, 'info')[1] or '')
+  local h = hmget(P .. 'host:' .. host, 'info', 'gpus', 'registered_at', 'gpus_at')
+  table.insert(hosts_out, h[1] or '')
+  -- With the host's packed registrations, its GPUs' own hashes are not read: the client takes
+  -- their info from the package (a host whose GPU another host took has none, and one that an
+  -- older gpulock registered since has a stale one: see register).
+  local packed = h[2]
+  if packed and h[3] ~= h[4] then packed = nil end
+  table.insert(hosts_out, packed or '')
   local uuids = redis.pcall('SMEMBERS', P .. 'gpus:' .. host)
   if uuids.err then uuids = {} end
   table.sort(uuids)
   local locks = lock_values(uuids)
   for i, uuid in ipairs(uuids) do
-    local g = hmget(P .. 'gpu:' .. uuid, 'host', 'info', 'readings', 'read_at')
+    local g
+    if packed then
+      g = {host}
+    else
+      g = hmget(P .. 'gpu:' .. uuid, 'host', 'info', 'readings', 'read_at')
+    end
     if g[1] == host then
       local lock = locks[i]
       local ttl = -2  -- no key: only a held GPU's lock has a TTL worth asking for

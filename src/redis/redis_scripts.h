@@ -13,7 +13,8 @@
 namespace gpulock::redis_scripts {
 
 // ARGV: host, host info (JSON), then per GPU: UUID, static info (JSON), readings (JSON).
-// Replaces the host's GPU list; bumps the version and publishes "register" when the static
+// Replaces the host's GPU list, and writes the same registrations packed in `host:<H>`'s `gpus`
+// field (see kSnapshot); bumps the version and publishes "register" when the static
 // information changed. Returns 1 if it changed, else 0.
 extern const RedisScript kRegister;
 
@@ -21,10 +22,13 @@ extern const RedisScript kRegister;
 // scope widens to the hosts every queued ticket may use, and to every host when a ticket may use
 // any. Returns {version, server time ms, hosts, gpus, leases, tickets, elsewhere, whole,
 // now_us}:
-//   hosts:     flat {name, registered_at ms, info}... of the scope's registered hosts
+//   hosts:     flat {name, registered_at ms, info, packed}... of the scope's registered hosts,
+//              where packed is the host's registrations in one string ("" when it has none):
+//              "<length>:<bytes>" fields, the read time ms, then {uuid, info, readings} per GPU
 //   gpus:      flat {uuid, host, info, readings, readings_at ms, lock value, lock pttl,
-//              shares}... where shares, for a GPU held by shared leases (lock value
-//              kSharedMark), has one line "LEASE_ID UNITS PTTL" per live reservation
+//              shares}... where info, readings and readings_at are "" for a host with packed
+//              registrations (they are there), and shares, for a GPU held by shared leases
+//              (lock value kSharedMark), has one line "LEASE_ID UNITS PTTL" per live reservation
 //   leases:    flat {id, record, token, pttl}... for every lease holding a listed GPU (shared
 //              ones included)
 //   tickets:   flat {id, seq, body, user, user last served ms, ticket pttl}... in arrival order

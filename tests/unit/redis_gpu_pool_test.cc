@@ -204,6 +204,28 @@ TEST_F(RedisGpuPoolTest, TwoHostsExcludeEachOtherWithHostAny) {
   ExpectError([&] { a.acquire(Count(1, {"any"})); }, ErrorCode::kTimedOut);
 }
 
+// Another host's GPUs are shown from its packed registrations (one read for the host); a package
+// that someone damaged makes those GPUs unreadable, with a warning, and nothing else.
+TEST_F(RedisGpuPoolTest, AnotherHostsGpusComeFromItsPackageAndADamagedOneIsAWarning) {
+  GpuPool a = Pool("hostA", 1);
+  GpuPool b = Pool("hostB", 2);
+  b.status();  // registers hostB's GPUs
+  PoolStatus whole = a.pool_status();
+  ASSERT_EQ(whole.gpus.size(), 3u);
+  EXPECT_TRUE(whole.warnings.empty());
+  std::set<std::string> of_b;
+  for (const auto& g : whole.gpus)
+    if (g.host == "hostB") of_b.insert(g.device.uuid);
+  EXPECT_EQ(of_b, (std::set<std::string>{TestUuid("hostB", 0), TestUuid("hostB", 1)}));
+  server_.command({"HSET", keys_.prefix() + "host:hostB", "gpus", "5:1234" + std::string("9:GPU")});
+  whole = a.pool_status();
+  ASSERT_EQ(whole.gpus.size(), 1u);
+  EXPECT_EQ(whole.gpus[0].host, "hostA");
+  ASSERT_EQ(whole.warnings.size(), 2u);
+  EXPECT_NE(whole.warnings[0].find("is unreadable"), std::string::npos) << whole.warnings[0];
+  EXPECT_EQ(a.acquire(Count(1)).gpus().at(0).uuid, TestUuid("hostA", 0));
+}
+
 TEST_F(RedisGpuPoolTest, AMultiGpuLeaseComesFromOneHost) {
   GpuPool a = Pool("hostA", 2);
   GpuPool b = Pool("hostB", 3);

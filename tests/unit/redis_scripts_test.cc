@@ -4,6 +4,7 @@
 // increasing when the server loses its data, and garbage in keys that is never trusted and
 // never makes a script fail.
 #include "redis/redis_scripts.h"
+#include "redis/packed_registrations.h"
 #include "redis/wake_message.h"
 
 #include <fmt/format.h>
@@ -169,14 +170,26 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
   const std::uint64_t server_us = parse_server_us(snap.elements[8].text);
   EXPECT_EQ(static_cast<long long>(server_us / 1000), snap.elements[1].integer)
       << snap.elements[8].text;
-  // hosts: {name, registered_at, info}...
+  // hosts: {name, registered_at, info, packed registrations}...
   const auto hosts = Texts(snap.elements[2]);
-  ASSERT_EQ(hosts.size(), 6u);
-  std::set<std::string> names{hosts[0], hosts[3]};
+  ASSERT_EQ(hosts.size(), 8u);
+  std::set<std::string> names{hosts[0], hosts[4]};
   EXPECT_EQ(names, (std::set<std::string>{"h1", "h2"}));
-  EXPECT_EQ(hosts[2], "{\"test\":true}");
-  EXPECT_GT(std::stoll(hosts[1]), before - 60000);
-  // gpus: {uuid, host, info, readings, read_at, lock, pttl, shares}..., h1's two and h2's one.
+  const std::size_t h1 = hosts[0] == "h1" ? 0 : 4;
+  EXPECT_EQ(hosts[h1 + 2], "{\"test\":true}");
+  EXPECT_GT(std::stoll(hosts[h1 + 1]), before - 60000);
+  // The package: the read time, then each GPU's UUID and two documents, by UUID.
+  const auto packed = unpack_registrations(hosts[h1 + 3]);
+  ASSERT_TRUE(packed.has_value()) << hosts[h1 + 3];
+  ASSERT_EQ(packed->size(), 2u);
+  EXPECT_EQ(packed->at(U(0)).static_json, device_static_json(test_support::TestDevice("h1", 0)));
+  EXPECT_EQ(packed->at(U(0)).readings_json,
+            device_readings_json(test_support::TestDevice("h1", 0)));
+  EXPECT_EQ(packed->at(U(1)).static_json, device_static_json(test_support::TestDevice("h1", 1)));
+  const std::string read_at = hosts[h1 + 3].substr(hosts[h1 + 3].find(':') + 1, 13);
+  EXPECT_GT(std::stoll(read_at), before - 60000);
+  // gpus: {uuid, host, info, readings, read_at, lock, pttl, shares}..., h1's two and h2's one;
+  // info, readings and read_at are in the hosts' packages.
   const auto& gpus = snap.elements[3].elements;
   ASSERT_EQ(gpus.size(), 24u);
   std::map<std::string, std::size_t> at;
@@ -185,9 +198,9 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
   const std::size_t g0 = at.at(U(0)), g1 = at.at(U(1)), g2 = at.at(TestUuid("h2", 0));
   EXPECT_EQ(gpus[g0 + 1].text, "h1");
   EXPECT_EQ(gpus[g2 + 1].text, "h2");
-  EXPECT_EQ(gpus[g0 + 2].text, device_static_json(test_support::TestDevice("h1", 0)));
-  EXPECT_EQ(gpus[g0 + 3].text, device_readings_json(test_support::TestDevice("h1", 0)));
-  EXPECT_GT(std::stoll(gpus[g0 + 4].text), before - 60000);
+  EXPECT_EQ(gpus[g0 + 2].text, "");
+  EXPECT_EQ(gpus[g0 + 3].text, "");
+  EXPECT_EQ(gpus[g0 + 4].text, "");
   EXPECT_EQ(gpus[g0 + 5].text, "");  // free
   EXPECT_EQ(gpus[g0 + 6].integer, -2);
   EXPECT_EQ(gpus[g1 + 5].text, "lease-a");
@@ -224,7 +237,7 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
   const RedisValue only_h2 =
       conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h2\n", "tester"});
   EXPECT_EQ(Texts(only_h2.elements[2]).at(0), "h2");
-  EXPECT_EQ(only_h2.elements[2].elements.size(), 3u);
+  EXPECT_EQ(only_h2.elements[2].elements.size(), 4u);
   EXPECT_EQ(only_h2.elements[3].elements.size(), 8u);
   EXPECT_EQ(only_h2.elements[4].elements.size(), 0u);
   EXPECT_EQ(only_h2.elements[5].elements.size(), 0u);
@@ -234,12 +247,56 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
   conn_->run(redis_scripts::kEnter, {keys_.version()},
              {"ticket-2", "60000", "{\"body\":1}", "waiter", "h1\n"});
   const RedisValue widened = Snapshot("h2\n");
-  EXPECT_EQ(widened.elements[2].elements.size(), 6u);
+  EXPECT_EQ(widened.elements[2].elements.size(), 8u);
   EXPECT_EQ(widened.elements[3].elements.size(), 24u);
   EXPECT_EQ(widened.elements[7].integer, 0);
   // An unknown host in a scope is not listed (h1 is, for the ticket).
   EXPECT_EQ(Texts(Snapshot("nowhere\n").elements[2]).at(0), "h1");
-  EXPECT_EQ(Snapshot("nowhere\n").elements[2].elements.size(), 3u);
+  EXPECT_EQ(Snapshot("nowhere\n").elements[2].elements.size(), 4u);
+}
+
+// A host without packed registrations (registered by an older gpulock, or whose GPU another host
+// took since), or with a stale package, has its GPUs read one by one, each only while it still
+// names that host.
+TEST_F(RedisScriptsTest, AHostWithoutPackedRegistrationsIsReadGpuByGpu) {
+  ASSERT_EQ(Register("h1", 2).integer, 1);
+  ASSERT_EQ(Register("h2", 1).integer, 1);
+  Cmd({"HDEL", keys_.prefix() + "host:h1", "gpus"});
+  RedisValue snap = Snapshot();
+  auto gpu_fields = [&](const RedisValue& s, const std::string& uuid, const std::string& host) {
+    const auto& gpus = s.elements.at(3).elements;
+    for (std::size_t i = 0; i + 7 < gpus.size(); i += 8)
+      if (gpus[i].text == uuid && gpus[i + 1].text == host)
+        return std::vector<std::string>{gpus[i + 2].text, gpus[i + 3].text};
+    return std::vector<std::string>{};
+  };
+  EXPECT_EQ(gpu_fields(snap, U(0), "h1"),
+            (std::vector<std::string>{device_static_json(test_support::TestDevice("h1", 0)),
+                                      device_readings_json(test_support::TestDevice("h1", 0))}));
+  // A package older than the host's last registration (an older gpulock registered since, and
+  // left the package as it was) is stale: its GPUs are read one by one too.
+  Register("h1", 2);
+  EXPECT_EQ(gpu_fields(Snapshot(), U(0), "h1"), (std::vector<std::string>{"", ""}));
+  Cmd({"HSET", keys_.prefix() + "host:h1", "registered_at", "1"});
+  EXPECT_EQ(gpu_fields(Snapshot(), U(0), "h1").at(0),
+            device_static_json(test_support::TestDevice("h1", 0)));
+  // h2 now lists h1's GPU 0 as its own (a UUID moved): h1's package would still list it, so
+  // h2's registration removes it, and h1's snapshot no longer shows the GPU under h1.
+  Register("h1", 2);
+  ASSERT_FALSE(Hash(keys_.prefix() + "host:h1")["gpus"].empty());
+  std::vector<std::string> args{"h2", "{\"test\":true}"};
+  for (const auto& device :
+       {test_support::TestDevice("h2", 0), test_support::TestDevice("h1", 0)}) {
+    args.push_back(device.uuid);
+    args.push_back(device_static_json(device));
+    args.push_back(device_readings_json(device));
+  }
+  conn_->run(redis_scripts::kRegister, {keys_.version()}, args);
+  EXPECT_EQ(Hash(keys_.prefix() + "host:h1").count("gpus"), 0u);
+  snap = Snapshot();
+  EXPECT_TRUE(gpu_fields(snap, U(0), "h1").empty());
+  EXPECT_EQ(gpu_fields(snap, U(1), "h1").size(), 2u);
+  EXPECT_EQ(gpu_fields(snap, U(0), "h2"), (std::vector<std::string>{"", ""}));  // h2's package
 }
 
 // A host's request reads that host's keys: the cost of a scoped snapshot does not grow with
