@@ -8,13 +8,10 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
-#include <iterator>
 #include <string>
 #include <string_view>
-#include <unordered_set>
-
-#include <fmt/format.h>
 
 #include "gpulock/monitor.hpp"
 #include "util/fd.h"
@@ -38,12 +35,32 @@ bool is_record_field(std::string_view text) {
          std::all_of(text.begin(), text.end(), [](char c) { return c > ' ' && c < 127; });
 }
 
+// Unix seconds as the record holds them: from 0 to kLatestTime (the year 5138), which a
+// reading of this machine's clock cannot leave.
+constexpr double kLatestTime = 1e11;
+
 std::optional<double> time_of(std::string_view text) {
   double value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size() || !std::isfinite(value))
+  if (error != std::errc() || end != text.data() + text.size() || !(value >= 0) ||
+      !(value <= kLatestTime))
     return std::nullopt;
   return value;
+}
+
+// Appends " SECONDS.MICROSECONDS", by integers: a double format with a precision costs ~1,000
+// instructions, and a record holds two times per GPU.
+void append_time(std::string& out, double seconds) {
+  const auto micros =
+      static_cast<std::uint64_t>(std::llround(std::clamp(seconds, 0.0, kLatestTime) * 1e6));
+  char buffer[32];
+  buffer[0] = ' ';
+  char* end = std::to_chars(buffer + 1, buffer + sizeof buffer, micros / 1'000'000).ptr;
+  *end++ = '.';
+  const auto fraction = micros % 1'000'000;
+  for (std::uint64_t unit = 100'000; unit > 0; unit /= 10)
+    *end++ = static_cast<char>('0' + fraction / unit % 10);
+  out.append(buffer, end);
 }
 
 std::string key_of(const PoolStatus& status, const GpuStatus& gpu) {
@@ -109,9 +126,14 @@ void IdleTracker::save() const {
   if (record_.empty()) return;
   std::string text(kRecordHeader);
   for (const auto& [key, r] : readings_)
-    if (is_record_field(key) && is_record_field(r.lease_id))
-      fmt::format_to(std::back_inserter(text), "{} {} {:.6f} {:.6f}\n", key, r.lease_id,
-                     r.zero_since, r.last_seen);
+    if (is_record_field(key) && is_record_field(r.lease_id)) {
+      text += key;
+      text += ' ';
+      text += r.lease_id;
+      append_time(text, r.zero_since);
+      append_time(text, r.last_seen);
+      text += '\n';
+    }
   // Written beside the record and renamed over it, so a reader never sees half a file.
   std::error_code ignored;
   std::filesystem::create_directories(record_.parent_path(), ignored);
@@ -140,44 +162,40 @@ void IdleTracker::observe(PoolStatus& status, std::chrono::seconds idle_after) {
   }
   const double now = unix_seconds(status.taken_at);
   const double max_gap = std::chrono::duration<double>(kMaxReadingGap).count();
-  std::map<std::string, Reading> seen;
+  // The readings are updated in place: each GPU of the status replaces its own (or drops it,
+  // when it is not leased at 0 % now); those of GPUs the status did not cover (other hosts,
+  // other pools) are kept while they are recent.
   for (auto& gpu : status.gpus) {
     gpu.idle_since.reset();
     gpu.idle = false;
-    if (gpu.state != GpuState::kLeased || !gpu.holder) continue;
     const std::string key = key_of(status, gpu);
-    const std::string& lease_id = gpu.holder->lease_id;
-    double zero_since = 0;
-    if (gpu.device.idle_since) {
-      zero_since = unix_seconds(*gpu.device.idle_since);
-    } else if (gpu.device.utilization_percent && *gpu.device.utilization_percent == 0) {
-      const auto before = readings_.find(key);
-      const bool unbroken = before != readings_.end() && before->second.lease_id == lease_id &&
-                            now - before->second.last_seen <= max_gap &&
-                            before->second.last_seen <= now;
-      zero_since = unbroken ? before->second.zero_since : now;
-    } else {
-      continue;  // busy, or utilisation unknown: no run of idle readings
+    const auto before = readings_.find(key);
+    std::optional<double> zero_since;
+    if (gpu.state == GpuState::kLeased && gpu.holder) {
+      if (gpu.device.idle_since) {
+        zero_since = unix_seconds(*gpu.device.idle_since);
+      } else if (gpu.device.utilization_percent && *gpu.device.utilization_percent == 0) {
+        const bool unbroken =
+            before != readings_.end() && before->second.lease_id == gpu.holder->lease_id &&
+            now - before->second.last_seen <= max_gap && before->second.last_seen <= now;
+        zero_since = unbroken ? before->second.zero_since : now;
+      }
+    }
+    if (!zero_since) {  // free, busy, or utilisation unknown: no run of idle readings
+      if (before != readings_.end()) readings_.erase(before);
+      continue;
     }
     // Not before the lease began: idleness under an earlier lease is not this lease's.
-    zero_since = std::max(zero_since, unix_seconds(gpu.holder->started_at));
-    zero_since = std::min(zero_since, now);
-    seen[key] = Reading{lease_id, zero_since, now};
-    gpu.idle_since = from_unix_seconds(zero_since);
-    gpu.idle = now - zero_since >= std::chrono::duration<double>(idle_after).count();
+    const double since = std::min(std::max(*zero_since, unix_seconds(gpu.holder->started_at)), now);
+    readings_.insert_or_assign(before, key, Reading{gpu.holder->lease_id, since, now});
+    gpu.idle_since = from_unix_seconds(since);
+    gpu.idle = now - since >= std::chrono::duration<double>(idle_after).count();
   }
   status.idle_after = idle_after;
-  // Readings of other hosts' GPUs that this status did not cover are kept. The status's keys
-  // are listed once, when some reading needs them: a test per reading of every GPU was
-  // quadratic (300 readings of another pool cost a 100-host `status --pool` 30 % of its time).
-  std::unordered_set<std::string> covered;
-  for (auto& [key, reading] : readings_) {
-    if (seen.count(key) != 0 || now - reading.last_seen > max_gap) continue;
-    if (covered.empty())
-      for (const auto& gpu : status.gpus) covered.insert(key_of(status, gpu));
-    if (covered.count(key) == 0) seen.emplace(key, reading);
-  }
-  readings_ = std::move(seen);
+  // Kept 10 minutes (kMaxReadingGap); one "seen" later than now (the clock went back) not.
+  std::erase_if(readings_, [&](const auto& entry) {
+    return now - entry.second.last_seen > max_gap || entry.second.last_seen > now;
+  });
   try {
     if (!record_.empty()) save();
   } catch (const std::exception&) {

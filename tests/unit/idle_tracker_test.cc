@@ -146,6 +146,8 @@ TEST(IdleTrackerTest, ADamagedLineOfTheRecordIsSkippedAndTheOthersCount) {
   std::ofstream(path) << "gpulock idle readings 1\n"
                       << "node1/GPU-9 aaaaaaaaaaaaaaaa nan 1\n"
                       << "node1/GPU-8 aaaaaaaaaaaaaaaa 1 2 3\n"
+                      << "node1/GPU-7 aaaaaaaaaaaaaaaa -1 2\n"
+                      << "node1/GPU-6 aaaaaaaaaaaaaaaa 1 1e300\n"
                       << "\xff\xfe 12\n"
                       << "node1/GPU-1 aaaaaaaaaaaaaaaa " << std::fixed << start + 10 << " "
                       << start + 50 << "\n";
