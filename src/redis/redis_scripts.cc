@@ -318,9 +318,9 @@ local run, uptime = nil, 0
 local served_of = {}
 for i = 1, #members, 2 do
   local id = members[i]
-  local t, stale, restored = hmget(P .. 'ticket:' .. id, 'body', 'user', 'hosts', 'run'), false,
-                            false
-  if #t > 0 and not t[1] and not t[2] and not t[3] and not t[4] then
+  local t, stale, restored =
+    hmget(P .. 'ticket:' .. id, 'body', 'user', 'hosts', 'run', 'expires_at'), false, false
+  if #t > 0 and not t[1] and not t[2] and not t[3] and not t[4] and not t[5] then
     -- No ticket: it expired (a dead waiter). One of another type is kept, and read as garbage.
     redis.call('ZREM', P .. 'queue', id)
     t = nil
@@ -351,7 +351,14 @@ for i = 1, #members, 2 do
     else
       for h in string.gmatch(t[3], '[^\n]+') do scope[h] = true end
     end
-    local ttl = redis.call('PTTL', P .. 'ticket:' .. id)
+    -- The TTL by expires_at, as enter and heartbeat set it with the key's expiry; a ticket
+    -- without one still ahead (written or renewed by an older gpulock) is asked.
+    local ttl = tonumber(t[5] or '')
+    if ttl and ttl > now_ms and ttl < now_ms + 86400000 then
+      ttl = ttl - now_ms
+    else
+      ttl = redis.call('PTTL', P .. 'ticket:' .. id)
+    end
     -- A restored ticket not renewed yet ends, for waiters timing their wake, when it can be
     -- dropped (it is, then, unless its waiter renews it meanwhile).
     if restored and ttl >= 0 then ttl = math.min(ttl, (2 - uptime) * 1000) end
@@ -776,8 +783,10 @@ end
 own_key(P .. 'queue', 'zset')
 redis.call('ZADD', P .. 'queue', seq, ARGV[1])
 own_key(P .. 'ticket:' .. ARGV[1], 'hash')
+-- expires_at: when the ticket expires unless renewed (server ms), so that a snapshot has its TTL
+-- without a PTTL per ticket.
 redis.call('HSET', P .. 'ticket:' .. ARGV[1], 'body', ARGV[3], 'user', ARGV[4], 'hosts',
-           ARGV[5] or '', 'run', (server_run()))
+           ARGV[5] or '', 'run', (server_run()), 'expires_at', now_ms + tonumber(ARGV[2]))
 redis.call('PEXPIRE', P .. 'ticket:' .. ARGV[1], tonumber(ARGV[2]))
 bump('enter')
 return {seq, unchanged, current_version(), now_us}
@@ -794,7 +803,7 @@ return 0
 const RedisScript kHeartbeat{"heartbeat", GPULOCK_LUA_PRELUDE R"lua(
 local key = P .. 'ticket:' .. ARGV[1]
 if redis.call('PEXPIRE', key, tonumber(ARGV[2])) == 0 then return 0 end
-redis.call('HSET', key, 'run', (server_run()))
+redis.call('HSET', key, 'run', (server_run()), 'expires_at', now_ms + tonumber(ARGV[2]))
 return 1
 )lua"};
 

@@ -608,6 +608,37 @@ TEST_F(RedisScriptsTest, AnEntrySentAgainKeepsItsPlace) {
   EXPECT_EQ(Cmd({"ZSCORE", keys_.queue(), "a"}).text, "3");
 }
 
+// A snapshot reports each ticket's TTL from its expires_at field (set by enter and heartbeat with
+// the key's expiry), and asks PTTL when that is missing, past, or not a plausible time (a ticket
+// renewed by an older gpulock, or garbage).
+TEST_F(RedisScriptsTest, ATicketsTtlIsReadFromItsExpiryAndAskedWhenThatIsNotPlausible) {
+  Enter("ticket-1", 5000);
+  const auto ttl_of = [&] {
+    const RedisValue snap = Snapshot();
+    return snap.elements.at(5).elements.at(5).integer;
+  };
+  const long long key_ttl = Pttl(keys_.ticket("ticket-1"));
+  EXPECT_GT(ttl_of(), 0);
+  EXPECT_LE(ttl_of(), 5000);
+  EXPECT_LE(std::abs(ttl_of() - key_ttl), 50);
+  // The heartbeat moves both.
+  conn_->run(redis_scripts::kHeartbeat, {keys_.version()}, {"ticket-1", "40000"});
+  EXPECT_GT(ttl_of(), 30000);
+  const long long at = std::stoll(Hash(keys_.ticket("ticket-1")).at("expires_at"));
+  EXPECT_LE(std::abs(at - ServerMs() - Pttl(keys_.ticket("ticket-1"))), 50);
+  // An older gpulock's heartbeat extends the key only: expires_at is past, PTTL is asked.
+  for (const char* bad : {"1", "junk", "1e400", "99999999999999999"}) {
+    Cmd({"HSET", keys_.ticket("ticket-1"), "expires_at", bad});
+    Cmd({"PEXPIRE", keys_.ticket("ticket-1"), "20000"});
+    EXPECT_GT(ttl_of(), 15000) << bad;
+    EXPECT_LE(ttl_of(), 20000) << bad;
+  }
+  // One in the near future (stale but plausible) is taken: never later than the key's expiry
+  // when gpulock wrote it, at worst earlier (a waiter then looks again sooner).
+  Cmd({"HSET", keys_.ticket("ticket-1"), "expires_at", std::to_string(ServerMs() + 1000)});
+  EXPECT_LE(ttl_of(), 1000);
+}
+
 TEST_F(RedisScriptsTest, SnapshotDropsTicketsThatExpired) {
   Enter("alive");
   Cmd({"ZADD", keys_.queue(), "7", "dead"});  // its ticket hash is gone
