@@ -63,8 +63,8 @@ extern const RedisScript kAcquire;
 // lease, and leaves an "ended" mark for two of the
 // lease's TTLs so that the holder's next renewal reports the lease lost instead of re-creating
 // it. Returns how
-// many locks it deleted. The version moves only when someone waits; then the first two tickets
-// that may use the lease's host are woken (see kWake), to plan and wake whom the plan serves.
+// many locks it deleted. The version moves only when someone waits; then the first live ticket
+// that may use the lease's host is woken (see kWake), to plan and wake whom the plan serves.
 extern const RedisScript kRelease;
 
 // ARGV: lease id, ttl ms, token, record, user, host, UUIDs... Extends every lock that names this
@@ -101,7 +101,7 @@ extern const RedisScript kRenewShared;
 // the version after it, the server's clock in microseconds}.
 extern const RedisScript kEnter;
 
-// ARGV: ticket id. Leaves the queue, and wakes the first two waiters (wake:ID lists).
+// ARGV: ticket id. Leaves the queue, and wakes the first live waiter (its wake:ID list).
 extern const RedisScript kLeave;
 
 // ARGV: ticket id, ttl ms. A waiter's heartbeat: extends its ticket and notes the server's run
