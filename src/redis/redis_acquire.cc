@@ -358,23 +358,33 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // and then died or restarted before answering. An outage is then waited out like any
         // other, and the ticket, if it is back, keeps its place.
         has_waited = true;
-        const RedisValue entered =
-            connection->run(redis_scripts::kEnter, {settings_.version_key()},
-                            {wanted.id, std::to_string(kTicketTtl.count()),
-                             serialize_ticket(wanted), user, ticket_hosts, snap.version});
+        // Last in the plan, served and reserving nothing, with no limit in play: the entry
+        // changes no one's plan, and the script leaves the version as it is (if it still is the
+        // snapshot's), so that a waiter's acquire planned at it is not refused as stale.
+        const bool behind_everyone = mine.standing == QueueStanding::kWaiting &&
+                                     mine.gpus.empty() && mine.held_back.empty() &&
+                                     q.plan.position_of[me] + 1 == q.plan.order.size() &&
+                                     !limited && !config_.limits_for(user).max_waiting;
+        const RedisValue entered = connection->run(
+            redis_scripts::kEnter, {settings_.version_key()},
+            {wanted.id, std::to_string(kTicketTtl.count()), serialize_ticket(wanted), user,
+             ticket_hosts, snap.version, behind_everyone ? "1" : ""});
         ticket.id = wanted.id;
         next_heartbeat = Clock::now() + kHeartbeat;
         // Nothing changed between the snapshot and the entry (the version had not moved): the
         // queue is the one just planned, with this request at its back, so that plan stands and
         // this request goes to sleep without reading the queue again. A user under a
         // max_waiting limit plans again: the plan above let the newcomer past the limit.
-        const bool planned_queue_stands = entered.elements.size() >= 2 &&
-                                          entered.elements[1].integer == 1 &&
-                                          !config_.limits_for(user).max_waiting.has_value();
+        // Others who entered so since the snapshot (last, without moving the version) are not
+        // in the plan: the queue's length tells.
+        const bool planned_queue_stands =
+            entered.elements.size() >= 5 && entered.elements[1].integer == 1 &&
+            entered.elements[4].integer == static_cast<long long>(snap.tickets.size()) + 1 &&
+            !config_.limits_for(user).max_waiting.has_value();
         if (!planned_queue_stands) continue;
         // The plan saw the pool as it is after the entry, too.
         planned =
-            entered.elements.size() == 4
+            entered.elements.size() >= 4
                 ? PoolMoment{entered.elements[2].text, parse_server_us(entered.elements[3].text)}
                 : PoolMoment{};
       }

@@ -788,8 +788,14 @@ own_key(P .. 'ticket:' .. ARGV[1], 'hash')
 redis.call('HSET', P .. 'ticket:' .. ARGV[1], 'body', ARGV[3], 'user', ARGV[4], 'hosts',
            ARGV[5] or '', 'run', (server_run()), 'expires_at', now_ms + tonumber(ARGV[2]))
 redis.call('PEXPIRE', P .. 'ticket:' .. ARGV[1], tonumber(ARGV[2]))
-bump('enter')
-return {seq, unchanged, current_version(), now_us}
+-- ARGV[7] = '1': the caller's plan, made at the version of ARGV[6], put it last, served and
+-- reserving nothing. While that version still holds, such an entry changes no one's plan: the
+-- version stays, so that acquires planned at it are not refused as stale. The queue's length
+-- tells the caller whether others entered so since its snapshot (then it plans again).
+if unchanged == 0 or ARGV[7] ~= '1' then bump('enter') end
+local queued = redis.pcall('ZCARD', P .. 'queue')
+if type(queued) ~= 'number' then queued = -1 end
+return {seq, unchanged, current_version(), now_us, queued}
 )lua"};
 
 const RedisScript kLeave{"leave", GPULOCK_LUA_PRELUDE R"lua(

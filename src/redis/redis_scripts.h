@@ -96,9 +96,12 @@ extern const RedisScript kAcquireShared;
 extern const RedisScript kRenewShared;
 
 // ARGV: ticket id, ttl ms, body (JSON), user, hosts it may be served from (each followed by a
-// newline; "" = any), and optionally the version of the caller's snapshot. Joins the queue at
-// the back; returns {seq, 1 if the version was still the snapshot's before this entry, else 0,
-// the version after it, the server's clock in microseconds}.
+// newline; "" = any), and optionally the version of the caller's snapshot and "1" when the
+// caller's plan at that version put it last, served and reserving nothing. Joins the queue at
+// the back, and bumps the version unless it was still the snapshot's and the caller is last
+// (its entry then changes no one's plan); returns {seq, 1 if the version was still the
+// snapshot's before this entry, else 0, the version after it, the server's clock in
+// microseconds, the queue's length after it}.
 extern const RedisScript kEnter;
 
 // ARGV: ticket id. Leaves the queue, and wakes the first live waiter (its wake:ID list).

@@ -1198,25 +1198,70 @@ TEST_F(RedisScriptsTest, EnterSaysWhetherThePoolWasStillTheCallersSnapshot) {
   const long long start_ms = ServerMs();
   RedisValue r = conn_->run(redis_scripts::kEnter, {keys_.version()},
                             {"ticket-a", "60000", "{\"body\":1}", "waiter", "", before});
-  ASSERT_EQ(r.elements.size(), 4u);
+  ASSERT_EQ(r.elements.size(), 5u);
   EXPECT_EQ(r.elements[0].integer, 1);
   EXPECT_EQ(r.elements[1].integer, 1);
-  // The version after the entry, and the server's clock (microseconds) when it was made.
+  // The version after the entry, the server's clock (microseconds) when it was made, and the
+  // queue's length.
   EXPECT_EQ(r.elements[2].text, Version());
   EXPECT_NE(r.elements[2].text, before);
   EXPECT_GE(static_cast<long long>(parse_server_us(r.elements[3].text) / 1000), start_ms);
   EXPECT_LE(static_cast<long long>(parse_server_us(r.elements[3].text) / 1000), ServerMs());
+  EXPECT_EQ(r.elements[4].integer, 1);
   // The entry moved the version: a second entry made from the same snapshot is told.
   r = conn_->run(redis_scripts::kEnter, {keys_.version()},
                  {"ticket-b", "60000", "{\"body\":1}", "waiter", "", before});
-  ASSERT_EQ(r.elements.size(), 4u);
+  ASSERT_EQ(r.elements.size(), 5u);
   EXPECT_EQ(r.elements[0].integer, 2);
   EXPECT_EQ(r.elements[1].integer, 0);
+  EXPECT_EQ(r.elements[4].integer, 2);
   // Without a version, nothing is claimed.
   r = conn_->run(redis_scripts::kEnter, {keys_.version()},
                  {"ticket-c", "60000", "{\"body\":1}", "waiter", ""});
-  ASSERT_EQ(r.elements.size(), 4u);
+  ASSERT_EQ(r.elements.size(), 5u);
   EXPECT_EQ(r.elements[1].integer, 0);
+}
+
+// An entry whose caller's plan put it last, served and reserving nothing, leaves the version as
+// it is while that is still the caller's snapshot's: an acquire planned at that version (the
+// waiter a release woke) is not refused as stale. Others, and any entry made from an older
+// snapshot, move it.
+TEST_F(RedisScriptsTest, AnEntryBehindEveryoneLeavesTheVersionAndTheAcquiresPlannedAtIt) {
+  Register("h1", 1);
+  Enter("ticket-w");
+  const std::string planned = Version();
+  RedisValue r = conn_->run(redis_scripts::kEnter, {keys_.version()},
+                            {"ticket-n", "60000", "{\"body\":1}", "waiter", "", planned, "1"});
+  EXPECT_EQ(r.elements[1].integer, 1);
+  EXPECT_EQ(r.elements[2].text, planned);
+  EXPECT_EQ(Version(), planned);
+  EXPECT_EQ(r.elements[4].integer, 2);  // the 1 ticket it planned with, and itself
+  // The woken waiter's acquire, planned at that version, is taken.
+  AcquireArgs a;
+  a.lease_id = "lease-w";
+  a.expected_version = planned;
+  a.needed = 1;
+  a.candidates = {U(0)};
+  a.ticket = "ticket-w";
+  EXPECT_EQ(Texts(Acquire(a)).at(0), "ok");
+  EXPECT_NE(Version(), planned);  // served while someone waits: the version moves
+  // From a snapshot that is no longer the pool's, "behind everyone" is not believed.
+  r = conn_->run(redis_scripts::kEnter, {keys_.version()},
+                 {"ticket-m", "60000", "{\"body\":1}", "waiter", "", planned, "1"});
+  EXPECT_EQ(r.elements[1].integer, 0);
+  EXPECT_EQ(r.elements[2].text, Version());
+  const std::string after = Version();
+  EXPECT_NE(after, planned);
+  // Two callers from the same snapshot, both last in their own plans: the version stays, and the
+  // second learns from the queue's length that someone it did not plan with entered.
+  r = conn_->run(redis_scripts::kEnter, {keys_.version()},
+                 {"ticket-x", "60000", "{\"body\":1}", "waiter", "", after, "1"});
+  const long long length_x = r.elements[4].integer;
+  r = conn_->run(redis_scripts::kEnter, {keys_.version()},
+                 {"ticket-y", "60000", "{\"body\":1}", "waiter", "", after, "1"});
+  EXPECT_EQ(r.elements[1].integer, 1);
+  EXPECT_EQ(Version(), after);
+  EXPECT_EQ(r.elements[4].integer, length_x + 1);
 }
 
 TEST_F(RedisScriptsTest, AcquireWakesTheTicketsItIsGivenAfterItsOwnChange) {
