@@ -368,7 +368,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         const RedisValue entered = connection->run(
             redis_scripts::kEnter, {settings_.version_key()},
             {wanted.id, std::to_string(kTicketTtl.count()), serialize_ticket(wanted), user,
-             ticket_hosts, snap.version, behind_everyone ? "1" : ""});
+             ticket_hosts, snap.version, behind_everyone ? "1" : "", snap.frees});
         ticket.id = wanted.id;
         next_heartbeat = Clock::now() + kHeartbeat;
         // Nothing changed between the snapshot and the entry (the version had not moved): the

@@ -286,6 +286,7 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
         static_cast<unsigned>(std::max<long long>(0, integer_of(elsewhere.elements[i + 1])));
   out.whole_pool = integer_of(element(reply, 7)) != 0;
   out.server_us = parse_server_us(element(reply, 8).text);
+  out.frees = element(reply, 9).text;
   return out;
 }
 

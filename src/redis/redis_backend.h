@@ -87,6 +87,7 @@ class RedisBackend final : public LeaseBackend {
     std::string version;
     long long now_ms = 0;
     std::uint64_t server_us = 0;  // the server's clock, microseconds (0: an older script's reply)
+    std::string frees;            // the count of releases (kSnapshot), "" before the first
     std::vector<HostEntry> hosts;
     std::vector<Gpu> gpus;
     std::map<std::string, LeaseEntry> leases;

@@ -29,7 +29,8 @@ std::string info_field(const std::string& info, const std::string& name) {
 std::string expected_type(const std::string& key, const std::string& prefix) {
   const std::string rest = key.substr(prefix.size());
   const auto starts = [&](const char* p) { return rest.starts_with(p); };
-  if (rest == "version" || rest == "token" || rest == "token_copy" || rest == "queue_seq")
+  if (rest == "version" || rest == "token" || rest == "token_copy" || rest == "queue_seq" ||
+      rest == "frees")
     return "string";
   if (rest == "hosts" || rest == "queue" || starts("held:") || starts("shares:")) return "zset";
   if (rest == "journal") return "stream";  // the usage journal (redis/redis_journal.h)

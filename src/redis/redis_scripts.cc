@@ -495,7 +495,7 @@ if not whole then
   end
 end
 return {current_version(), now_ms, hosts_out, gpus_out, leases_out, tickets_out, elsewhere_out,
-        whole and 1 or 0, now_us}
+        whole and 1 or 0, now_us, get(P .. 'frees')}
 )lua"};
 
 const RedisScript kAcquire{
@@ -593,6 +593,11 @@ local existed = redis.call('DEL', P .. 'lease:' .. id)
 -- Tells the holder's next renewal that the lease ended (so it does not re-create it). A holder
 -- that cannot renew for a TTL counts its lease lost by itself, so two TTLs are enough.
 redis.call('SET', P .. 'ended:' .. id, '1', 'PX', math.max(1000, math.min(2 * ttl, 172800000)))
+-- Counted whatever else happens: a newcomer that planned while the GPU was held learns from its
+-- entry that it was freed since (see enter), even though nobody waited and the version stays.
+if released > 0 and type(redis.pcall('INCR', P .. 'frees')) == 'table' then
+  redis.call('SET', P .. 'frees', '1')
+end
 if (released > 0 or existed > 0) and someone_waits() then
   bump('release')
   -- Wake the first live waiter that may use this host's GPUs (and any that look dead before
@@ -764,8 +769,13 @@ return renew_lease(id, ttl, ARGV[5], ARGV[3],
 const RedisScript kEnter{"enter", GPULOCK_LUA_PRELUDE R"lua(
 -- ARGV[6], if given, is the version of the caller's snapshot: the reply says whether the pool
 -- was still that one (so that the caller's plan, with itself at the back, stands).
+-- ARGV[8], if given, is the snapshot's count of releases (`frees`): a release while nobody waited
+-- leaves the version as it is, and the caller's plan still saw its GPU held.
 local unchanged = 0
-if ARGV[6] and ARGV[6] ~= '' and current_version() == ARGV[6] then unchanged = 1 end
+if ARGV[6] and ARGV[6] ~= '' and current_version() == ARGV[6] and
+   (not ARGV[8] or get(P .. 'frees') == ARGV[8]) then
+  unchanged = 1
+end
 -- A live ticket of this id is this very entry, sent again after its answer was lost (ticket ids
 -- are random): it keeps its place.
 local seq

@@ -21,7 +21,7 @@ extern const RedisScript kRegister;
 // ARGV: scope (host names, each followed by a newline; "" = every host), user (or ""). The
 // scope widens to the hosts every queued ticket may use, and to every host when a ticket may use
 // any. Returns {version, server time ms, hosts, gpus, leases, tickets, elsewhere, whole,
-// now_us}:
+// now_us, frees}:
 //   hosts:     flat {name, registered_at ms, info, packed}... of the scope's registered hosts,
 //              where packed is the host's registrations in one string ("" when it has none):
 //              "<length>:<bytes>" fields, the read time ms, then {uuid, info, readings} per GPU
@@ -36,6 +36,8 @@ extern const RedisScript kRegister;
 //              their `held:USER` sets (lease ids scored by expiry); empty when whole
 //   whole:     1 when the scope was every host
 //   now_us:    the server's clock in microseconds (decimal text), to order wakes after it
+//   frees:     the count of releases (`frees`, "" before the first), which a release moves even
+//              when nobody waits and the version stays (see kEnter)
 // Drops queue entries whose ticket expired (dead waiters), and those not renewed since the
 // server started once it has been up 2 s (restored by an RDB or AOF), bumping the version and
 // waking the first live waiter. Its cost follows
@@ -96,8 +98,9 @@ extern const RedisScript kAcquireShared;
 extern const RedisScript kRenewShared;
 
 // ARGV: ticket id, ttl ms, body (JSON), user, hosts it may be served from (each followed by a
-// newline; "" = any), and optionally the version of the caller's snapshot and "1" when the
-// caller's plan at that version put it last, served and reserving nothing. Joins the queue at
+// newline; "" = any), and optionally the version of the caller's snapshot, "1" when the
+// caller's plan at that version put it last, served and reserving nothing, and the snapshot's
+// frees (the snapshot counts as unchanged only if no release happened since). Joins the queue at
 // the back, and bumps the version unless it was still the snapshot's and the caller is last
 // (its entry then changes no one's plan); returns {seq, 1 if the version was still the
 // snapshot's before this entry, else 0, the version after it, the server's clock in

@@ -160,7 +160,7 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
   const RedisValue snap = Snapshot();
   const long long after = ServerMs();
   ASSERT_EQ(snap.type, Type::kArray);
-  ASSERT_EQ(snap.elements.size(), 9u);
+  ASSERT_EQ(snap.elements.size(), 10u);
   // version, server time in ms
   EXPECT_EQ(snap.elements[0].text, Version());
   ASSERT_EQ(snap.elements[1].type, Type::kInteger);
@@ -1222,6 +1222,41 @@ TEST_F(RedisScriptsTest, EnterSaysWhetherThePoolWasStillTheCallersSnapshot) {
   EXPECT_EQ(r.elements[1].integer, 0);
 }
 
+// A release while nobody waits leaves the version as it is, but moves `frees`: a newcomer that
+// planned while the GPU was held, and enters just after the release, is told that its plan is
+// stale (it would otherwise sleep on the lock's TTL with the GPU free).
+TEST_F(RedisScriptsTest, AReleaseWhileNobodyWaitsMakesAnEntryPlannedBeforeItPlanAgain) {
+  Register("h1", 1);
+  ASSERT_EQ(Take("lease-h", {U(0)}).at(0), "ok");
+  RedisValue snap = Snapshot();
+  ASSERT_EQ(snap.elements.size(), 10u);
+  const std::string version = snap.elements[0].text;
+  const std::string frees = snap.elements[9].text;
+  EXPECT_EQ(Release("lease-h", {U(0)}).integer, 1);
+  EXPECT_EQ(Version(), version);  // nobody waited
+  EXPECT_NE(Get(keys_.prefix() + "frees"), frees);
+  RedisValue r =
+      conn_->run(redis_scripts::kEnter, {keys_.version()},
+                 {"ticket-n", "60000", "{\"body\":1}", "waiter", "", version, "1", frees});
+  ASSERT_EQ(r.elements.size(), 5u);
+  EXPECT_EQ(r.elements[1].integer, 0);
+  EXPECT_NE(Version(), version);  // and, not believed to be behind everyone, it bumps
+  // From a snapshot taken after the release, the same entry stands.
+  snap = Snapshot();
+  r = conn_->run(redis_scripts::kEnter, {keys_.version()},
+                 {"ticket-m", "60000", "{\"body\":1}", "waiter", "", snap.elements[0].text, "1",
+                  snap.elements[9].text});
+  EXPECT_EQ(r.elements[1].integer, 1);
+  // Garbage in `frees` is replaced at the next release, never a script error.
+  Cmd({"DEL", keys_.prefix() + "frees"});
+  Cmd({"RPUSH", keys_.prefix() + "frees", "junk"});
+  ASSERT_EQ(Take("lease-g", {U(0)}).at(0), "ok");
+  EXPECT_NO_THROW(snap = Snapshot());
+  EXPECT_EQ(snap.elements[9].text, "!garbage");
+  EXPECT_EQ(Release("lease-g", {U(0)}).integer, 1);
+  EXPECT_EQ(Get(keys_.prefix() + "frees"), "1");
+}
+
 // An entry whose caller's plan put it last, served and reserving nothing, leaves the version as
 // it is while that is still the caller's snapshot's: an acquire planned at that version (the
 // waiter a release woke) is not refused as stale. Others, and any entry made from an older
@@ -1232,6 +1267,7 @@ TEST_F(RedisScriptsTest, AnEntryBehindEveryoneLeavesTheVersionAndTheAcquiresPlan
   const std::string planned = Version();
   RedisValue r = conn_->run(redis_scripts::kEnter, {keys_.version()},
                             {"ticket-n", "60000", "{\"body\":1}", "waiter", "", planned, "1"});
+  ASSERT_EQ(r.elements.size(), 5u);
   EXPECT_EQ(r.elements[1].integer, 1);
   EXPECT_EQ(r.elements[2].text, planned);
   EXPECT_EQ(Version(), planned);
@@ -1256,6 +1292,9 @@ TEST_F(RedisScriptsTest, AnEntryBehindEveryoneLeavesTheVersionAndTheAcquiresPlan
   // second learns from the queue's length that someone it did not plan with entered.
   r = conn_->run(redis_scripts::kEnter, {keys_.version()},
                  {"ticket-x", "60000", "{\"body\":1}", "waiter", "", after, "1"});
+  ASSERT_EQ(r.elements.size(), 5u);
+  EXPECT_EQ(r.elements[1].integer, 1);
+  EXPECT_EQ(r.elements[2].text, after);
   const long long length_x = r.elements[4].integer;
   r = conn_->run(redis_scripts::kEnter, {keys_.version()},
                  {"ticket-y", "60000", "{\"body\":1}", "waiter", "", after, "1"});
