@@ -109,6 +109,9 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   // Whether plans count the user's GPUs against a limit: then they need the GPUs the user holds
   // on every host, and any acquire makes concurrent plans stale, not only those of a queue.
   const bool limited = config_.limits_for(user).max_gpus.has_value();
+  // Whether a max_waiting limit applies: a newcomer's plan then let it past the limit, so its
+  // entry may change others' plans, and it plans again after entering.
+  const bool waiting_limited = config_.limits_for(user).max_waiting.has_value();
 
   const RedisCallBudget calls(deadline, start);
   const std::optional<Clock::time_point>& calls_deadline = calls.deadline();
@@ -364,7 +367,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         const bool behind_everyone = mine.standing == QueueStanding::kWaiting &&
                                      mine.gpus.empty() && mine.held_back.empty() &&
                                      q.plan.position_of[me] + 1 == q.plan.order.size() &&
-                                     !limited && !config_.limits_for(user).max_waiting;
+                                     !limited && !waiting_limited;
         const RedisValue entered = connection->run(
             redis_scripts::kEnter, {settings_.version_key()},
             {wanted.id, std::to_string(kTicketTtl.count()), serialize_ticket(wanted), user,
@@ -380,13 +383,10 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         const bool planned_queue_stands =
             entered.elements.size() >= 5 && entered.elements[1].integer == 1 &&
             entered.elements[4].integer == static_cast<long long>(snap.tickets.size()) + 1 &&
-            !config_.limits_for(user).max_waiting.has_value();
+            !waiting_limited;
         if (!planned_queue_stands) continue;
         // The plan saw the pool as it is after the entry, too.
-        planned =
-            entered.elements.size() >= 4
-                ? PoolMoment{entered.elements[2].text, parse_server_us(entered.elements[3].text)}
-                : PoolMoment{};
+        planned = PoolMoment{entered.elements[2].text, parse_server_us(entered.elements[3].text)};
       }
 
       // 3. Not served now: explain why, then sleep until something changes.
