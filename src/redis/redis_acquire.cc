@@ -206,10 +206,10 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         if (std::optional<Lease> lease = take(again)) return std::move(*lease);
       }
       // The hosts that may serve it (every host for `--host any`), and those of the queue's
-      // tickets; limits and fair share count GPUs held elsewhere from per-user sets.
-      const Snapshot snap =
-          registered_snapshot(*connection, any_host ? std::vector<std::string>() : hosts,
-                              limited ? user : std::string(), local_devices);
+      // tickets; limits and fair share count GPUs held elsewhere from per-user sets, this
+      // user's too, so that its share and last service are those every plan sees.
+      const Snapshot snap = registered_snapshot(
+          *connection, any_host ? std::vector<std::string>() : hosts, user, local_devices);
       planned = PoolMoment{snap.version, snap.server_us};
       if (ticket.id.empty() && has_waited &&
           std::any_of(snap.tickets.begin(), snap.tickets.end(),

@@ -14,6 +14,7 @@
 
 #include "backend/device_fitness.h"
 #include "backend/queue_request.h"
+#include "backend/shared_memory_units.h"
 #include "gpulock/error.hpp"
 #include "gpulock/version.hpp"
 #include "redis/device_record.h"
@@ -47,6 +48,14 @@ const RedisValue& element(const RedisValue& array, std::size_t i) {
 long long integer_of(const RedisValue& value) {
   if (value.type == RedisValue::Type::kInteger) return value.integer;
   return whole_number<long long>(value.text).value_or(0);
+}
+
+// The part of a GPU of `total` bytes that a shared reservation of `units` holds, in
+// 1/kShareScale of a GPU, as fair share weighs it (units are at most kSharedMemoryMostUnits + 1,
+// so the product cannot overflow).
+std::uint64_t shared_part(std::uint64_t units, std::uint64_t total) {
+  units = std::min(units, kSharedMemoryMostUnits + 1);
+  return total == 0 ? 0 : units * kSharedMemoryUnitBytes * kShareScale / total;
 }
 
 }  // namespace
@@ -280,13 +289,26 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
     out.tickets.push_back(std::move(*ticket));
   }
 
+  // {user, whole GPUs, shared reservations as "UNITS MEMORY_TOTAL" lines}...
   const RedisValue& elsewhere = element(reply, 6);
-  for (std::size_t i = 0; i + 1 < elsewhere.elements.size(); i += 2)
-    out.held_elsewhere[elsewhere.elements[i].text] =
-        static_cast<unsigned>(std::max<long long>(0, integer_of(elsewhere.elements[i + 1])));
+  for (std::size_t i = 0; i + 2 < elsewhere.elements.size(); i += 3) {
+    const std::string& name = elsewhere.elements[i].text;
+    if (const long long whole = integer_of(elsewhere.elements[i + 1]); whole > 0)
+      out.held_elsewhere[name] = static_cast<unsigned>(std::min<long long>(whole, 1 << 20));
+    for (const std::string& line : split(elsewhere.elements[i + 2].text, '\n')) {
+      const std::vector<std::string> fields = split(line, ' ');
+      if (fields.size() != 2) continue;
+      const auto units = whole_number<std::uint64_t>(fields[0]);
+      const auto total = whole_number<std::uint64_t>(fields[1]);
+      if (units && total) out.shared_elsewhere[name] += shared_part(*units, *total);
+    }
+  }
   out.whole_pool = integer_of(element(reply, 7)) != 0;
   out.server_us = parse_server_us(element(reply, 8).text);
   out.frees = element(reply, 9).text;
+  if (!user.empty())
+    if (const auto served = whole_number<std::int64_t>(element(reply, 10).text))
+      out.user_last_served.emplace(user, *served);
   return out;
 }
 
@@ -329,11 +351,14 @@ QueueSnapshot RedisBackend::plan(const Snapshot& snap, const Ticket* newcomer) {
     PlannedGpu planned{gpu.device.uuid, !gpu.lock.empty(), std::nullopt};
     LockState lock = lock_state_of(gpu, snap);
     if (lock.record) planned.holder_uid = plan_uid(lock.record->user);
-    // Fair share counts a shared lease as the part of the GPU's memory it reserves.
+    // Fair share counts a shared lease as the part of the GPU's memory it reserves here, as
+    // a snapshot whose scope does not hold this host counts it (shared_elsewhere).
     if (const std::uint64_t total = gpu.device.memory_total_bytes.value_or(0); total > 0)
-      for (const auto& record : lock.shared_records)
-        planned.shared_by.emplace_back(plan_uid(record.user),
-                                       record.memory_bytes.value_or(0) * kShareScale / total);
+      for (const Share& share : gpu.shares)
+        if (const auto it = snap.leases.find(share.lease_id);
+            it != snap.leases.end() && it->second.record)
+          planned.shared_by.emplace_back(plan_uid(it->second.record->user),
+                                         shared_part(share.units, total));
     q.gpus.push_back(std::move(planned));
     q.locks.push_back(std::move(lock));
     q.gpu_names.push_back(gpu.local ? gpu.device.display_index()
@@ -349,6 +374,15 @@ QueueSnapshot RedisBackend::plan(const Snapshot& snap, const Ticket* newcomer) {
       q.locks.push_back(lock);
       q.gpu_names.push_back("another host's GPU");
     }
+  }
+  for (const auto& [user, part] : snap.shared_elsewhere) {
+    LockState lock;
+    lock.locked = true;
+    PlannedGpu gpu{fmt::format("elsewhere-shared:{}", user), true, std::nullopt};
+    gpu.shared_by.emplace_back(plan_uid(user), part);
+    q.gpus.push_back(std::move(gpu));
+    q.locks.push_back(lock);
+    q.gpu_names.push_back("another host's shared GPUs");
   }
   std::vector<PlanRequest> requests;
   for (std::size_t i = 0; i < q.tickets.size(); ++i) {

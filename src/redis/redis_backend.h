@@ -97,8 +97,10 @@ class RedisBackend final : public LeaseBackend {
     std::vector<long long> ticket_ttl_ms;
     std::map<std::string, std::int64_t> user_last_served;
     // GPUs each user (of a ticket, or the one asking) holds on hosts outside the snapshot's
-    // scope; empty for a whole-pool snapshot, which sees every lease.
+    // scope, whole and (in 1/kShareScale of a GPU) by shared leases; empty for a whole-pool
+    // snapshot, which sees every lease.
     std::map<std::string, unsigned> held_elsewhere;
+    std::map<std::string, std::uint64_t> shared_elsewhere;
     bool whole_pool = true;  // the scope widened to every host (or was asked for)
     std::vector<std::string> warnings;
   };

@@ -480,22 +480,42 @@ if not whole then
     local key = P .. 'held:' .. user
     if redis.call('TYPE', key).ok == 'zset' then
       redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
-      local count = 0
+      local count, parts = 0, {}
       for _, id in ipairs(redis.call('ZRANGE', key, 0, -1)) do
-        local l = hmget(P .. 'lease:' .. id, 'host', 'gpus')
+        local l = hmget(P .. 'lease:' .. id, 'host', 'gpus', 'units')
         if l[1] and not in_scope[l[1]] and l[2] then
-          for _ in string.gmatch(l[2], '[^,]+') do count = count + 1 end
+          if l[3] then
+            -- A shared lease: its units on each GPU, with the GPU's memory, so that it weighs
+            -- its part of the GPU as it does in a snapshot whose scope holds its host.
+            local units = {}
+            for u in string.gmatch(l[3], '[^,]+') do units[#units + 1] = u end
+            local k = 0
+            for uuid in string.gmatch(l[2], '[^,]+') do
+              k = k + 1
+              local info = hmget(P .. 'gpu:' .. uuid, 'info')[1] or ''
+              local total = string.match(info, '"memory_total":(%d+)')
+              if units[k] and total then parts[#parts + 1] = units[k] .. ' ' .. total end
+            end
+          else
+            for _ in string.gmatch(l[2], '[^,]+') do count = count + 1 end
+          end
         end
       end
-      if count > 0 then
+      if count > 0 or #parts > 0 then
         table.insert(elsewhere_out, user)
         table.insert(elsewhere_out, count)
+        table.insert(elsewhere_out, table.concat(parts, '\n'))
       end
     end
   end
 end
+-- The requesting user's last service, which its tickets carry for users already queued.
+local served = ''
+if ARGV[2] and ARGV[2] ~= '' then
+  served = served_of[ARGV[2]] or get(P .. 'served:' .. ARGV[2])
+end
 return {current_version(), now_ms, hosts_out, gpus_out, leases_out, tickets_out, elsewhere_out,
-        whole and 1 or 0, now_us, get(P .. 'frees')}
+        whole and 1 or 0, now_us, get(P .. 'frees'), served}
 )lua"};
 
 const RedisScript kAcquire{

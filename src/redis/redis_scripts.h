@@ -21,7 +21,7 @@ extern const RedisScript kRegister;
 // ARGV: scope (host names, each followed by a newline; "" = every host), user (or ""). The
 // scope widens to the hosts every queued ticket may use, and to every host when a ticket may use
 // any. Returns {version, server time ms, hosts, gpus, leases, tickets, elsewhere, whole,
-// now_us, frees}:
+// now_us, frees, served}:
 //   hosts:     flat {name, registered_at ms, info, packed}... of the scope's registered hosts,
 //              where packed is the host's registrations in one string ("" when it has none):
 //              "<length>:<bytes>" fields, the read time ms, then {uuid, info, readings} per GPU
@@ -32,12 +32,15 @@ extern const RedisScript kRegister;
 //   leases:    flat {id, record, token, pttl}... for every lease holding a listed GPU (shared
 //              ones included)
 //   tickets:   flat {id, seq, body, user, user last served ms, ticket pttl}... in arrival order
-//   elsewhere: flat {user, GPUs}... held outside the scope by `user` and each queued user, from
-//              their `held:USER` sets (lease ids scored by expiry); empty when whole
+//   elsewhere: flat {user, GPUs, shared}... held outside the scope by `user` and each queued
+//              user, from their `held:USER` sets (lease ids scored by expiry): the GPUs held
+//              whole, and a line "UNITS MEMORY_TOTAL" per GPU reserved by a shared lease (so
+//              that it weighs its part of the GPU, as inside the scope); empty when whole
 //   whole:     1 when the scope was every host
 //   now_us:    the server's clock in microseconds (decimal text), to order wakes after it
 //   frees:     the count of releases (`frees`, "" before the first), which a release moves even
 //              when nobody waits and the version stays (see kEnter)
+//   served:    when `user` was last served (ms; "" when never or no user), as tickets carry it
 // Drops queue entries whose ticket expired (dead waiters), and those not renewed since the
 // server started once it has been up 2 s (restored by an RDB or AOF), bumping the version and
 // waking the first live waiter. Its cost follows

@@ -206,15 +206,16 @@ class RedisWorld:
                 return gpu
         raise AssertionError("no GPU %s in status: %s" % (uuid, json.dumps(doc)[:3000]))
 
-    def hold(self, *selection, host="node-a", env=None):
-        """Starts `gpulock run SELECTION -- sh …` on fake host `host` and waits until the command
-        runs (the lease is taken). Returns a Holder; finish() ends it normally."""
+    def hold(self, *selection, host="node-a", env=None, prefix=()):
+        """Starts `gpulock run SELECTION -- sh …` on fake host `host` (as the user `prefix`
+        makes it, on a multi-user harness) and waits until the command runs (the lease is
+        taken). Returns a Holder; finish() ends it normally."""
         self._holds += 1
         report = self.tmp / ("redis-held-%d.json" % self._holds)
         finish = self.tmp / ("redis-finish-%d" % self._holds)
         bg = self.gl.spawn("run", *selection, "--", "sh", "-c", HOLD_SCRIPT, "holder",
                            report, finish,
-                           env=env if env is not None else self.env(host=host))
+                           env=env if env is not None else self.env(host=host), prefix=prefix)
 
         def started():
             if report.exists():

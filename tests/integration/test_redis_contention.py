@@ -7,6 +7,8 @@ fencing token to one log under flock, and also claims an O_EXCL marker file per 
 runs. The audit, independent of gpulock: every request was served exactly once, on one host of
 the pool, with GPUs of that host; no two intervals on one GPU overlap; no marker was ever found
 taken; and on each GPU the fencing tokens increase in the order the leases ran.
+
+Also: two users' waiters whose snapshots read different hosts serve in one fair-share order.
 """
 
 import json
@@ -17,7 +19,7 @@ import pytest
 
 from conftest import HANG, PYTHON, wait_until
 pytest.register_assert_rewrite("conftest_redis")  # before its first import
-from conftest_redis import assert_no_crash  # noqa: E402
+from conftest_redis import RedisWorld, assert_no_crash  # noqa: E402
 
 # The fixtures redis_server, redis_servers and rw.
 pytest_plugins = ["conftest_redis"]
@@ -136,3 +138,41 @@ def test_32_processes_on_4_fake_hosts_never_share_a_gpu(rw):
     assert len(doc["gpus"]) == len(host_of)
     result = rw.run("queue", "--json")
     assert json.loads(result.stdout)["waiting"] == []
+
+
+ORDER_JOB = 'echo "$1" >> "$2"'
+
+
+def test_waiters_whose_snapshots_read_different_hosts_agree_on_whom_fair_share_serves(
+        mu, redis_server):
+    """Fair share orders the queue alike in every waiter's plan, whichever hosts its snapshot
+    reads. User A holds two quarter-GPU shared leases on node-b and waits for a GPU on node-a
+    (its snapshot reads node-a); user B holds a GPU of node-a and waits for one there from
+    node-b (its snapshot reads both hosts). When node-a's other GPU comes free, A goes first
+    (half a GPU held, against B's whole one), then B. Before the fix A's plan counted A's
+    shared leases as two whole GPUs (they were outside its scope) and put B first while B's
+    plan put A first: each woke the other for ever, with the GPU free, and neither ran."""
+    rw = RedisWorld(mu, redis_server)
+    user_a, user_b = mu.users
+    rw.register("node-a", gpus=2)
+    rw.register("node-b", gpus=1)
+    blocker = rw.hold("--gpus", "0", host="node-a")  # root's
+    b_holds = rw.hold("--gpus", "1", host="node-a", prefix=user_b.prefix())
+    a_shares = [rw.hold("--mem", "20G", host="node-b", prefix=user_a.prefix())
+                for _ in range(2)]
+    log = rw.tmp / "order"
+    log.write_text("")
+    os.chmod(log, 0o666)
+    a_waits = mu.spawn("run", "-n", "1", "--", "sh", "-c", ORDER_JOB, "job", "A", log,
+                       env=rw.env(host="node-a"), prefix=user_a.prefix())
+    a_waits.wait_for_stderr("waiting", timeout=HANG)
+    b_waits = mu.spawn("run", "-n", "1", "--host", "node-a", "--", "sh", "-c", ORDER_JOB, "job",
+                       "B", log, env=rw.env(host="node-b"), prefix=user_b.prefix())
+    b_waits.wait_for_stderr("waiting", timeout=HANG)
+    assert blocker.finish() == 0
+    for name, bg in (("A", a_waits), ("B", b_waits)):
+        status = bg.wait(timeout=HANG)
+        assert status == 0, "%s exited %s: %s" % (name, status, bg.stderr())
+    assert log.read_text().split() == ["A", "B"]
+    for holder in [b_holds] + a_shares:
+        assert holder.finish() == 0

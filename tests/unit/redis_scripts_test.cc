@@ -23,6 +23,7 @@
 #include "redis/redis_connection.h"
 #include "redis_test_pool.h"
 #include "redis_test_server.h"
+#include "util/strings.h"
 
 namespace gpulock {
 namespace {
@@ -160,7 +161,7 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
   const RedisValue snap = Snapshot();
   const long long after = ServerMs();
   ASSERT_EQ(snap.type, Type::kArray);
-  ASSERT_EQ(snap.elements.size(), 10u);
+  ASSERT_EQ(snap.elements.size(), 11u);
   // version, server time in ms
   EXPECT_EQ(snap.elements[0].text, Version());
   ASSERT_EQ(snap.elements[1].type, Type::kInteger);
@@ -241,7 +242,7 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
   EXPECT_EQ(only_h2.elements[3].elements.size(), 8u);
   EXPECT_EQ(only_h2.elements[4].elements.size(), 0u);
   EXPECT_EQ(only_h2.elements[5].elements.size(), 0u);
-  EXPECT_EQ(Texts(only_h2.elements[6]), (std::vector<std::string>{"tester", "1"}));
+  EXPECT_EQ(Texts(only_h2.elements[6]), (std::vector<std::string>{"tester", "1", ""}));
   EXPECT_EQ(only_h2.elements[7].integer, 0);
   // A ticket limited to h1 widens a scope of h2 by h1 only.
   conn_->run(redis_scripts::kEnter, {keys_.version()},
@@ -315,7 +316,7 @@ TEST_F(RedisScriptsTest, AScopedSnapshotCountsGpusHeldElsewhere) {
   const RedisValue snap =
       conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h1\n", "tester"});
   EXPECT_EQ(snap.elements[3].elements.size(), 16u);  // h1's two GPUs only
-  EXPECT_EQ(Texts(snap.elements[6]), (std::vector<std::string>{"tester", "2"}));
+  EXPECT_EQ(Texts(snap.elements[6]), (std::vector<std::string>{"tester", "2", ""}));
   // A lease that expired counts no more, and leaves the set.
   Cmd({"ZADD", keys_.prefix() + "held:tester", "1", "far"});
   const RedisValue later =
@@ -1104,6 +1105,44 @@ TEST_F(RedisScriptsTest, SharedReservationsCoexistUpToTheRoomAndExcludeExclusive
   EXPECT_NE(lines.find("lease-sb 160 "), std::string::npos) << lines;
 }
 
+// What a user holds outside a snapshot's scope weighs as it does inside: a whole GPU as one, a
+// shared lease as its units on each GPU with that GPU's memory (the client turns them into its
+// part of the GPU). And the asking user's last service comes with any snapshot, as queued
+// users' come with their tickets, so that every waiter's plan orders the queue alike.
+TEST_F(RedisScriptsTest, ASnapshotWeighsSharedLeasesOutsideItsScopeByTheirUnits) {
+  ASSERT_EQ(Register("h1", 2).integer, 1);
+  ASSERT_EQ(Register("h2", 1).integer, 1);
+  ASSERT_EQ(TakeShared("lease-sa", {U(0)}, 160).at(0), "ok");
+  ASSERT_EQ(TakeShared("lease-sb", {U(0)}, 40).at(0), "ok");
+  ASSERT_EQ(Take("lease-x", {U(1)}).at(0), "ok");
+  const std::string memory = std::to_string(80ULL << 30);
+  const RedisValue from_h2 =
+      conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h2\n", "tester"});
+  ASSERT_EQ(from_h2.elements.size(), 11u);
+  const auto elsewhere = Texts(from_h2.elements[6]);
+  ASSERT_EQ(elsewhere.size(), 3u);
+  EXPECT_EQ(elsewhere[0], "tester");
+  EXPECT_EQ(elsewhere[1], "1");  // lease-x's GPU, whole
+  const auto lines = split(elsewhere[2], '\n');
+  EXPECT_EQ(std::set<std::string>(lines.begin(), lines.end()),
+            (std::set<std::string>{"160 " + memory, "40 " + memory}));
+  // The asking user's last service: the server's clock (ms) of its last acquire.
+  const std::string served = from_h2.elements[10].text;
+  EXPECT_EQ(served, Get(keys_.prefix() + "served:tester"));
+  EXPECT_GT(std::stoll(served), 0);
+  // A user who was never served, and a snapshot for nobody in particular, carry none.
+  EXPECT_EQ(conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h2\n", "newcomer"})
+                .elements.at(10)
+                .text,
+            "");
+  EXPECT_EQ(Snapshot("h2\n").elements.at(10).text, "");
+  // A scope that holds h1 sees the leases there instead, and lists nothing elsewhere.
+  const RedisValue from_h1 =
+      conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h1\n", "tester"});
+  EXPECT_EQ(from_h1.elements[6].elements.size(), 0u);
+  EXPECT_EQ(from_h1.elements[4].elements.size(), 12u);  // the three leases
+}
+
 TEST_F(RedisScriptsTest, ReleaseOfASharedLeaseRemovesOnlyItsReservation) {
   ASSERT_EQ(Register("h1", 1).integer, 1);
   ASSERT_EQ(TakeShared("lease-sa", {U(0)}, 200, 1, 60000).at(0), "ok");
@@ -1229,7 +1268,7 @@ TEST_F(RedisScriptsTest, AReleaseWhileNobodyWaitsMakesAnEntryPlannedBeforeItPlan
   Register("h1", 1);
   ASSERT_EQ(Take("lease-h", {U(0)}).at(0), "ok");
   RedisValue snap = Snapshot();
-  ASSERT_EQ(snap.elements.size(), 10u);
+  ASSERT_EQ(snap.elements.size(), 11u);
   const std::string version = snap.elements[0].text;
   const std::string frees = snap.elements[9].text;
   EXPECT_EQ(Release("lease-h", {U(0)}).integer, 1);
