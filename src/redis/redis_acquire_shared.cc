@@ -211,8 +211,9 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
         std::string outcome;
         if (std::optional<Lease> lease = take(again, &outcome)) return std::move(*lease);
       }
-      const Snapshot snap = registered_snapshot(
-          *connection, any_host ? std::vector<std::string>() : hosts, user, local_devices);
+      const Snapshot snap =
+          registered_snapshot(*connection, any_host ? std::vector<std::string>() : hosts,
+                              limited ? user : std::string(), local_devices);
 
       // 1. Which GPUs could serve it at all.
       for (const auto& host : hosts)
