@@ -260,13 +260,14 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
   }
 
   const RedisValue& leases = element(reply, 4);
-  for (std::size_t i = 0; i + 3 < leases.elements.size(); i += 4) {
+  for (std::size_t i = 0; i + 4 < leases.elements.size(); i += 5) {
     LeaseEntry entry;
     const std::string& id = leases.elements[i].text;
     entry.record = parse_holder_record(leases.elements[i + 1].text);
     if (entry.record && entry.record->lease_id != id) entry.record.reset();
     entry.token = whole_number<std::uint64_t>(leases.elements[i + 2].text).value_or(0);
     entry.ttl_ms = integer_of(leases.elements[i + 3]);
+    entry.user = leases.elements[i + 4].text;
     out.leases.emplace(id, std::move(entry));
   }
 
@@ -350,15 +351,22 @@ QueueSnapshot RedisBackend::plan(const Snapshot& snap, const Ticket* newcomer) {
     by_uuid[gpu.device.uuid] = &gpu;
     PlannedGpu planned{gpu.device.uuid, !gpu.lock.empty(), std::nullopt};
     LockState lock = lock_state_of(gpu, snap);
-    if (lock.record) planned.holder_uid = plan_uid(lock.record->user);
-    // Fair share counts a shared lease as the part of the GPU's memory it reserves here, as
-    // a snapshot whose scope does not hold this host counts it (shared_elsewhere).
+    // Leases count by the user the acquire wrote, as a snapshot whose scope does not hold this
+    // host counts them (held_elsewhere, shared_elsewhere); a lease of an older gpulock without
+    // one, by its record.
+    const auto owner = [&](const std::string& lease_id) -> std::optional<uid_t> {
+      const auto it = snap.leases.find(lease_id);
+      if (it == snap.leases.end()) return std::nullopt;
+      if (!it->second.user.empty()) return plan_uid(it->second.user);
+      if (it->second.record) return plan_uid(it->second.record->user);
+      return std::nullopt;
+    };
+    if (!gpu.shared() && !gpu.lock.empty()) planned.holder_uid = owner(gpu.lock);
+    // A shared lease weighs the part of the GPU's memory it reserves here.
     if (const std::uint64_t total = gpu.device.memory_total_bytes.value_or(0); total > 0)
       for (const Share& share : gpu.shares)
-        if (const auto it = snap.leases.find(share.lease_id);
-            it != snap.leases.end() && it->second.record)
-          planned.shared_by.emplace_back(plan_uid(it->second.record->user),
-                                         shared_part(share.units, total));
+        if (const auto uid = owner(share.lease_id))
+          planned.shared_by.emplace_back(*uid, shared_part(share.units, total));
     q.gpus.push_back(std::move(planned));
     q.locks.push_back(std::move(lock));
     q.gpu_names.push_back(gpu.local ? gpu.device.display_index()

@@ -78,6 +78,9 @@ class RedisBackend final : public LeaseBackend {
     std::optional<HolderRecord> record;  // unset when missing or malformed
     std::uint64_t token = 0;
     long long ttl_ms = -2;
+    // Whose it is, as the acquire wrote it (not the record's, changed for display): the name
+    // tickets and `held:` sets use, by which fair share counts it ("" when unknown).
+    std::string user;
   };
   struct HostEntry {
     std::string name;

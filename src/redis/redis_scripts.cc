@@ -461,10 +461,11 @@ for _, entry in ipairs(listed) do
       for _, holder in ipairs(holders or {}) do
         if not seen[holder] then
           seen[holder] = true
-          local lease = hmget(P .. 'lease:' .. holder, 'record', 'token')
+          local lease = hmget(P .. 'lease:' .. holder, 'record', 'token', 'user')
           local m = #leases_out
           leases_out[m + 1], leases_out[m + 2], leases_out[m + 3], leases_out[m + 4] =
             holder, lease[1] or '', lease[2] or '', redis.call('PTTL', P .. 'lease:' .. holder)
+          leases_out[m + 5] = lease[3] or ''
         end
       end
     end
@@ -482,22 +483,28 @@ if not whole then
       redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
       local count, parts = 0, {}
       for _, id in ipairs(redis.call('ZRANGE', key, 0, -1)) do
-        local l = hmget(P .. 'lease:' .. id, 'host', 'gpus', 'units')
-        if l[1] and not in_scope[l[1]] and l[2] then
-          if l[3] then
-            -- A shared lease: its units on each GPU, with the GPU's memory, so that it weighs
-            -- its part of the GPU as it does in a snapshot whose scope holds its host.
-            local units = {}
-            for u in string.gmatch(l[3], '[^,]+') do units[#units + 1] = u end
-            local k = 0
-            for uuid in string.gmatch(l[2], '[^,]+') do
-              k = k + 1
-              local info = hmget(P .. 'gpu:' .. uuid, 'info')[1] or ''
-              local total = string.match(info, '"memory_total":(%d+)')
-              if units[k] and total then parts[#parts + 1] = units[k] .. ' ' .. total end
+        local l = hmget(P .. 'lease:' .. id, 'host', 'gpus')
+        local host = l[1]
+        if host and not in_scope[host] and l[2] then
+          -- Each GPU counts as a snapshot whose scope holds the host would count it: listed
+          -- there, and held by this lease (a whole GPU) or carrying its live reservation (its
+          -- units, with the GPU's memory, so that it weighs its part of the GPU).
+          for uuid in string.gmatch(l[2], '[^,]+') do
+            if redis.pcall('SISMEMBER', P .. 'gpus:' .. host, uuid) == 1 then
+              local lock = get(P .. 'lock:' .. uuid)
+              if lock == id then
+                count = count + 1
+              elseif lock == SHARED_MARK then
+                local S, U = share_keys(uuid)
+                local expiry = tonumber(redis.pcall('ZSCORE', S, id))
+                local units = tonumber(redis.pcall('HGET', U, id))
+                local info = hmget(P .. 'gpu:' .. uuid, 'info')[1] or ''
+                local total = string.match(info, '"memory_total":(%d+)')
+                if expiry and expiry > now_ms and total then
+                  parts[#parts + 1] = string.format('%d', units or 0) .. ' ' .. total
+                end
+              end
             end
-          else
-            for _ in string.gmatch(l[2], '[^,]+') do count = count + 1 end
           end
         end
       end

@@ -29,13 +29,15 @@ extern const RedisScript kRegister;
 //              shares}... where info, readings and readings_at are "" for a host with packed
 //              registrations (they are there), and shares, for a GPU held by shared leases
 //              (lock value kSharedMark), has one line "LEASE_ID UNITS PTTL" per live reservation
-//   leases:    flat {id, record, token, pttl}... for every lease holding a listed GPU (shared
-//              ones included)
+//   leases:    flat {id, record, token, pttl, user}... for every lease holding a listed GPU
+//              (shared ones included); user is the lease's, as written (the record's is for
+//              display)
 //   tickets:   flat {id, seq, body, user, user last served ms, ticket pttl}... in arrival order
 //   elsewhere: flat {user, GPUs, shared}... held outside the scope by `user` and each queued
 //              user, from their `held:USER` sets (lease ids scored by expiry): the GPUs held
 //              whole, and a line "UNITS MEMORY_TOTAL" per GPU reserved by a shared lease (so
-//              that it weighs its part of the GPU, as inside the scope); empty when whole
+//              that it weighs its part of the GPU, as inside the scope), each only if its
+//              host lists it and it is held by the lease; empty when whole
 //   whole:     1 when the scope was every host
 //   now_us:    the server's clock in microseconds (decimal text), to order wakes after it
 //   frees:     the count of releases (`frees`, "" before the first), which a release moves even

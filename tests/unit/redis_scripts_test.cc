@@ -208,13 +208,14 @@ TEST_F(RedisScriptsTest, RegisterThenSnapshotHasTheDocumentedShape) {
   EXPECT_EQ(gpus[g1 + 7].text, "");  // no shared leases
   EXPECT_GT(gpus[g1 + 6].integer, 0);
   EXPECT_LE(gpus[g1 + 6].integer, 60000);
-  // leases: {id, record, token, pttl}... for the leases holding listed GPUs.
+  // leases: {id, record, token, pttl, user}... for the leases holding listed GPUs.
   const auto leases = Texts(snap.elements[4]);
-  ASSERT_EQ(leases.size(), 4u);
+  ASSERT_EQ(leases.size(), 5u);
   EXPECT_EQ(leases[0], "lease-a");
   EXPECT_EQ(leases[1], "{}");
   EXPECT_EQ(leases[2], token.at(1));
   EXPECT_GT(std::stoll(leases[3]), 0);
+  EXPECT_EQ(leases[4], "tester");  // the lease's user, as the acquire wrote it
   // tickets: {id, seq, body, user, user last served, pttl}...
   const auto tickets = Texts(snap.elements[5]);
   ASSERT_EQ(tickets.size(), 6u);
@@ -1052,8 +1053,9 @@ TEST_F(RedisScriptsTest, GarbageInHostAndGpuKeysDoesNotMakeScriptsFail) {
   Cmd({"SET", keys_.lease("lease-gl"), "junk"});
   EXPECT_NO_THROW(snap = Snapshot());
   const auto leases = Texts(snap.elements.at(4));
-  ASSERT_EQ(leases.size(), 4u);
+  ASSERT_EQ(leases.size(), 5u);
   EXPECT_EQ(leases[1], "");
+  EXPECT_EQ(leases[4], "");
   // Renew replaces it with a hash again.
   EXPECT_EQ(Renew("lease-gl", 60000, "1", {U(0)}).at(0), "restored");
   EXPECT_EQ(Cmd({"TYPE", keys_.lease("lease-gl")}).text, "hash");
@@ -1140,7 +1142,31 @@ TEST_F(RedisScriptsTest, ASnapshotWeighsSharedLeasesOutsideItsScopeByTheirUnits)
   const RedisValue from_h1 =
       conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h1\n", "tester"});
   EXPECT_EQ(from_h1.elements[6].elements.size(), 0u);
-  EXPECT_EQ(from_h1.elements[4].elements.size(), 12u);  // the three leases
+  EXPECT_EQ(from_h1.elements[4].elements.size(), 15u);  // the three leases
+  // A GPU counts elsewhere only as a snapshot of its host would count it: one that h1 no longer
+  // registers counts nowhere, nor does one whose lock another lease holds.
+  ASSERT_EQ(Register("h1", 1).integer, 1);  // U(1), lease-x's, is gone from h1's list
+  EXPECT_EQ(
+      Texts(conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h2\n", "tester"}).elements[6])
+          .at(1),
+      "0");
+  ASSERT_EQ(Register("h1", 2).integer, 1);
+  Cmd({"SET", keys_.lock(U(1)), "someone-else", "PX", "60000"});
+  EXPECT_EQ(
+      Texts(conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h2\n", "tester"}).elements[6])
+          .at(1),
+      "0");
+  Cmd({"SET", keys_.lock(U(1)), "lease-x", "PX", "60000"});
+  EXPECT_EQ(
+      Texts(conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h2\n", "tester"}).elements[6])
+          .at(1),
+      "1");
+  // A reservation that ended counts no more, though its lease still lists the GPU.
+  Cmd({"ZADD", keys_.prefix() + "shares:" + U(0), "1", "lease-sb"});
+  EXPECT_EQ(
+      Texts(conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h2\n", "tester"}).elements[6])
+          .at(2),
+      "160 " + memory);
 }
 
 TEST_F(RedisScriptsTest, ReleaseOfASharedLeaseRemovesOnlyItsReservation) {
