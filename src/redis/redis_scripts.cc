@@ -489,8 +489,11 @@ if not whole then
           -- Each GPU counts as a snapshot whose scope holds the host would count it: listed
           -- there, and held by this lease (a whole GPU) or carrying its live reservation (its
           -- units, with the GPU's memory, so that it weighs its part of the GPU).
+          local listed_once = {}
           for uuid in string.gmatch(l[2], '[^,]+') do
-            if redis.pcall('SISMEMBER', P .. 'gpus:' .. host, uuid) == 1 then
+            local first = not listed_once[uuid]
+            listed_once[uuid] = true
+            if first and redis.pcall('SISMEMBER', P .. 'gpus:' .. host, uuid) == 1 then
               local lock = get(P .. 'lock:' .. uuid)
               if lock == id then
                 count = count + 1
