@@ -1163,10 +1163,10 @@ TEST_F(RedisScriptsTest, ASnapshotWeighsSharedLeasesOutsideItsScopeByTheirUnits)
       "1");
   // A GPU listed twice by a damaged lease hash counts once.
   Cmd({"HSET", keys_.lease("lease-x"), "gpus", U(1) + "," + U(1)});
-  EXPECT_EQ(Texts(conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h2\n", "tester"})
-                      .elements[6])
-                .at(1),
-            "1");
+  EXPECT_EQ(
+      Texts(conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"h2\n", "tester"}).elements[6])
+          .at(1),
+      "1");
   // A reservation that ended counts no more, though its lease still lists the GPU.
   Cmd({"ZADD", keys_.prefix() + "shares:" + U(0), "1", "lease-sb"});
   EXPECT_EQ(
