@@ -272,11 +272,16 @@ std::string devices_to_json(const std::vector<Device>& devices, const std::strin
   w.begin_array();
   for (const auto& d : devices) {
     // The GPU's lease state and what shared leases hold of it, from the pool's view (null when
-    // not known; the last entry for the UUID when several match).
+    // not known). When several entries have the UUID: the last one's state, and the last
+    // shared use among them.
     const GpuStatus* seen = nullptr;
+    const GpuStatus* shared = nullptr;
     if (leases)
       for (const GpuStatus& g : leases->gpus)
-        if (g.device.uuid == d.uuid) seen = &g;
+        if (g.device.uuid == d.uuid) {
+          seen = &g;
+          if (g.shared) shared = &g;
+        }
     w.begin_object();
     device_head(w, d);
     w.member("index", d.index);
@@ -284,8 +289,8 @@ std::string devices_to_json(const std::vector<Device>& devices, const std::strin
     device_middle(w, d);
     device_processes(w, d);
     w.key("shared");
-    if (seen && seen->shared)
-      shared_memory_json(w, *seen, /*with_leases=*/false);
+    if (shared)
+      shared_memory_json(w, *shared, /*with_leases=*/false);
     else
       w.null();
     w.key("state");

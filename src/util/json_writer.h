@@ -2,8 +2,8 @@
 // dashboard's status): it appends to one string as it goes, with no document built in memory,
 // in the layout nlohmann's dump(2) gives (two-space indent, "key": value, [] and {} when empty),
 // so the output is the same text as before. Keys must be written in ascending byte order, as
-// nlohmann's objects sort them; strings are escaped as JSON requires, and bytes that are not
-// UTF-8 become U+FFFD.
+// nlohmann's objects sort them (debug builds check); numbers and strings are written as
+// nlohmann writes them (ill-formed UTF-8 becomes U+FFFD).
 #pragma once
 
 #include <cmath>
@@ -30,7 +30,7 @@ class JsonWriter {
 
   void null();
   void value(bool b);
-  void value(double d);  // NaN and infinities are written as null, as nlohmann does
+  void value(double d);  // as nlohmann writes it; NaN and infinities as null
   void value(std::string_view text);
   void value(const char* text) { value(std::string_view(text)); }
   void value(const std::string& text) { value(std::string_view(text)); }
@@ -70,6 +70,9 @@ class JsonWriter {
   struct Level {
     bool object;
     bool empty = true;
+#ifndef NDEBUG
+    std::string last_key = {};  // checked in debug builds: keys must ascend
+#endif
   };
   void before_value();
   void open(char bracket);

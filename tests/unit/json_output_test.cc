@@ -241,7 +241,7 @@ HolderInfo TestHolder(const std::string& id, const std::string& user) {
   h.member_pids = {778, 779};
   h.command = "python train.py --lr \"0.1\"\t\xe6";  // a quote, a tab, a broken UTF-8 byte
   h.label = "sweep/7";
-  h.started_at = At(1764240000.125);
+  h.started_at = At(1764240000.124681);
   h.gpus = {"GPU-b", "GPU-c"};
   return h;
 }
@@ -258,7 +258,7 @@ QueueEntry TestEntry() {
   e.memory_bytes = 20ULL << 30;
   e.label = "";
   e.command = "sh -c 'x'";
-  e.waiting_since = At(1764239990.5);
+  e.waiting_since = At(1764239990.503117);
   e.standing = QueueStanding::kNext;
   e.reserved_gpus = {"GPU-a"};
   e.blocked_by = "GPU 1: leased by alice";
@@ -272,7 +272,7 @@ PoolStatus TestStatus() {
   s.backend = "redis";
   s.backend_location = "redis://127.0.0.1:6379/0";
   s.pool = "lab";
-  s.taken_at = At(1764240100.75);
+  s.taken_at = At(1764240100.752347);
   s.warnings = {"queue entry x is unreadable", "ünïcode"};
   s.queue_length = 3;
   s.queue_policy = "fair-share";
@@ -282,7 +282,7 @@ PoolStatus TestStatus() {
   free.device = TestDevice(0, "GPU-a");
   free.reserved_for = TestEntry();
   free.idle = true;
-  free.idle_since = At(1764239000.0);
+  free.idle_since = At(1764239000.000093);
   s.gpus.push_back(free);
 
   GpuStatus leased;
@@ -349,6 +349,14 @@ TEST(JsonOutputTest, QueueAndDevicesAreTheTextTheDocumentGave) {
   devices.push_back(TestDevice(9, "GPU-unknown"));  // not in the status: state null
   EXPECT_EQ(devices_to_json(devices, "NVML", false, &status),
             reference::devices_to_json(devices, "NVML", false, &status));
+  // A UUID that two entries of a pool's status have (two hosts list it): the last one's state,
+  // and the last shared use among them.
+  PoolStatus twice = status;
+  twice.gpus.push_back(status.gpus[2]);
+  twice.gpus.back().shared.reset();
+  twice.gpus.back().state = GpuState::kBusy;
+  EXPECT_EQ(devices_to_json(devices, "NVML", false, &twice),
+            reference::devices_to_json(devices, "NVML", false, &twice));
   EXPECT_EQ(devices_to_json(devices, "4 simulated GPUs", true, nullptr),
             reference::devices_to_json(devices, "4 simulated GPUs", true, nullptr));
 }
