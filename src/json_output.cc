@@ -150,16 +150,11 @@ void status_gpu_json(JsonWriter& w, const GpuStatus& g, const PoolStatus& status
     w.null();
   w.member("host", g.host.empty() ? status.host : g.host);
   w.member("idle", g.idle);
-  w.key("idle_seconds");
-  if (g.idle_since)
-    w.value(std::max(0.0, now - unix_seconds(*g.idle_since)));
-  else
-    w.null();
-  w.key("idle_since");
-  if (g.idle_since)
-    w.value(unix_seconds(*g.idle_since));
-  else
-    w.null();
+  std::optional<double> idle_since;
+  if (g.idle_since) idle_since = unix_seconds(*g.idle_since);
+  w.member("idle_seconds",
+           idle_since ? std::optional(std::max(0.0, now - *idle_since)) : std::nullopt);
+  w.member("idle_since", idle_since);
   w.member("index", d.index);
   w.key("lease_id");
   if (g.holder)
@@ -211,11 +206,8 @@ std::string status_to_json(const PoolStatus& status) {
   for (const auto& g : status.gpus) status_gpu_json(w, g, status, now);
   w.end_array();
   w.member("host", status.host);
-  w.key("idle_after_seconds");
-  if (status.idle_after)
-    w.value(status.idle_after->count());
-  else
-    w.null();
+  w.member("idle_after_seconds",
+           status.idle_after ? std::optional(status.idle_after->count()) : std::nullopt);
   w.key("intruders");
   w.begin_array();
   for (const auto& i : intruders_of(status)) {

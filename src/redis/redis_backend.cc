@@ -346,21 +346,21 @@ QueueSnapshot RedisBackend::plan(const Snapshot& snap, const Ticket* newcomer) {
     q.tickets.back().seq = (snap.tickets.empty() ? 0 : snap.tickets.back().seq) + 1;
     q.tickets.back().uid = plan_uid(newcomer->user);
   }
+  // Leases count by the user the acquire wrote, as a snapshot whose scope does not hold their
+  // host counts them (held_elsewhere, shared_elsewhere); a lease of an older gpulock without
+  // one, by its record.
+  const auto owner = [&](const std::string& lease_id) -> std::optional<uid_t> {
+    const auto it = snap.leases.find(lease_id);
+    if (it == snap.leases.end()) return std::nullopt;
+    if (!it->second.user.empty()) return plan_uid(it->second.user);
+    if (it->second.record) return plan_uid(it->second.record->user);
+    return std::nullopt;
+  };
   std::map<std::string, const Gpu*> by_uuid;
   for (const Gpu& gpu : snap.gpus) {
     by_uuid[gpu.device.uuid] = &gpu;
     PlannedGpu planned{gpu.device.uuid, !gpu.lock.empty(), std::nullopt};
     LockState lock = lock_state_of(gpu, snap);
-    // Leases count by the user the acquire wrote, as a snapshot whose scope does not hold this
-    // host counts them (held_elsewhere, shared_elsewhere); a lease of an older gpulock without
-    // one, by its record.
-    const auto owner = [&](const std::string& lease_id) -> std::optional<uid_t> {
-      const auto it = snap.leases.find(lease_id);
-      if (it == snap.leases.end()) return std::nullopt;
-      if (!it->second.user.empty()) return plan_uid(it->second.user);
-      if (it->second.record) return plan_uid(it->second.record->user);
-      return std::nullopt;
-    };
     if (!gpu.shared() && !gpu.lock.empty()) planned.holder_uid = owner(gpu.lock);
     // A shared lease weighs the part of the GPU's memory it reserves here.
     if (const std::uint64_t total = gpu.device.memory_total_bytes.value_or(0); total > 0)

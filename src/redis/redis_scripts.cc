@@ -473,6 +473,15 @@ for _, entry in ipairs(listed) do
 end
 -- Fair share and limits count a user's GPUs on every host: those outside the scope come from
 -- the user's `held:` set (lease ids by expiry), not from reading every host.
+local memory_totals = {}
+-- A GPU's memory as its registration gives it (false when unknown), read once per GPU.
+local function memory_total_of(uuid)
+  if memory_totals[uuid] == nil then
+    local info = hmget(P .. 'gpu:' .. uuid, 'info')[1] or ''
+    memory_totals[uuid] = string.match(info, '"memory_total":(%d+)') or false
+  end
+  return memory_totals[uuid]
+end
 if not whole then
   local names = {}
   for u in pairs(users) do table.insert(names, u) end
@@ -501,8 +510,7 @@ if not whole then
                 local S, U = share_keys(uuid)
                 local expiry = tonumber(redis.pcall('ZSCORE', S, id))
                 local units = tonumber(redis.pcall('HGET', U, id))
-                local info = hmget(P .. 'gpu:' .. uuid, 'info')[1] or ''
-                local total = string.match(info, '"memory_total":(%d+)')
+                local total = memory_total_of(uuid)
                 if expiry and expiry > now_ms and total then
                   parts[#parts + 1] = string.format('%d', units or 0) .. ' ' .. total
                 end

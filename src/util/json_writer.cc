@@ -2,7 +2,6 @@
 #include "util/json_writer.h"
 
 #include <cassert>
-#include <charconv>
 
 #include <nlohmann/json.hpp>
 
@@ -63,18 +62,6 @@ void JsonWriter::null() {
 void JsonWriter::value(bool b) {
   before_value();
   out_ += b ? "true" : "false";
-}
-
-void JsonWriter::signed_number(long long n) {
-  before_value();
-  char buffer[24];
-  out_.append(buffer, std::to_chars(buffer, buffer + sizeof buffer, n).ptr);
-}
-
-void JsonWriter::unsigned_number(unsigned long long n) {
-  before_value();
-  char buffer[24];
-  out_.append(buffer, std::to_chars(buffer, buffer + sizeof buffer, n).ptr);
 }
 
 // Doubles go through nlohmann's own formatting (Grisu2, then its layout: ".0" on whole

@@ -6,6 +6,7 @@
 // nlohmann writes them (ill-formed UTF-8 becomes U+FFFD).
 #pragma once
 
+#include <charconv>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
@@ -36,10 +37,9 @@ class JsonWriter {
   void value(const std::string& text) { value(std::string_view(text)); }
   template <std::integral T>
   requires(!std::same_as<T, bool>) void value(T n) {
-    if constexpr (std::is_signed_v<T>)
-      signed_number(static_cast<long long>(n));
-    else
-      unsigned_number(static_cast<unsigned long long>(n));
+    before_value();
+    char buffer[24];  // 20 digits and a sign at most
+    out_.append(buffer, std::to_chars(buffer, buffer + sizeof buffer, n).ptr);
   }
   template <typename T>
   void value(const std::optional<T>& v) {
@@ -79,8 +79,6 @@ class JsonWriter {
   void close(char bracket);
   void indent(std::size_t depth);
   void write_string(std::string_view text);
-  void signed_number(long long n);
-  void unsigned_number(unsigned long long n);
 
   std::string& out_;
   std::vector<Level> levels_;
