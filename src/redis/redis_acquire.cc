@@ -145,6 +145,9 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   bool has_waited = false;      // asked to join the queue at least once
   bool token_unusable = false;  // the pool's token counter is unusable: retrying cannot help
   PoolMoment planned;           // the pool as the last plan saw it: older wakes are no news
+  // When this host's readings may next be registered for other hosts' health filters (at most
+  // once per health recheck, however often they flip).
+  Clock::time_point next_readings_push{};
   std::optional<SentAcquire> unanswered;  // an acquire whose answer has not come
 
   // Runs an acquire script and makes the lease of an "ok" reply; nullopt when refused.
@@ -288,6 +291,16 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // Our ticket expired (this process was stopped longer than its TTL): register again.
         ticket.id.clear();
         continue;
+      }
+      // Waiters on other hosts judge this host's GPUs by its registered readings: those of the
+      // last gpulock process here to register (a waiter registers when it starts, not while it
+      // waits). Where they would judge a ticket's health otherwise than the live readings this
+      // plan used, plans disagree: each may leave a free GPU to a request the other thinks it
+      // cannot serve, for as long as the registration stays old. Register the live readings,
+      // before waking anyone, so that those woken plan as this one did.
+      if (Clock::now() >= next_readings_push && registration_misleads(snap, q)) {
+        local_devices = register_devices(*connection, /*force=*/true);
+        next_readings_push = Clock::now() + options_.health_recheck_interval;
       }
       const Placement& mine = q.plan.of(me);
       // Whoever plans wakes the other waiters the plan serves now (or lets in again): a release

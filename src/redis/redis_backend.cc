@@ -197,25 +197,28 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
         gpu.shares.push_back(Share{fields[0], *units, *ttl});
       }
     }
+    std::string_view static_json = gpus.elements[i + 2].text;
+    std::string_view readings_json = gpus.elements[i + 3].text;
+    if (const auto packed = packed_of.find(gpu.host); packed != packed_of.end()) {
+      static_json = readings_json = {};
+      if (packed->second)
+        if (const auto it = packed->second->find(uuid); it != packed->second->end()) {
+          static_json = it->second.static_json;
+          readings_json = it->second.readings_json;
+        }
+    }
     if (gpu.host == settings_.host) {
       const auto live = std::find_if(local_devices.begin(), local_devices.end(),
                                      [&](const Device& d) { return d.uuid == uuid; });
       if (live != local_devices.end()) {
         gpu.device = *live;
         gpu.local = true;
+        if (auto registered = registered_device(static_json, readings_json);
+            registered && registered->uuid == uuid)
+          gpu.registered = std::move(registered);
       }
     }
     if (!gpu.local) {
-      std::string_view static_json = gpus.elements[i + 2].text;
-      std::string_view readings_json = gpus.elements[i + 3].text;
-      if (const auto packed = packed_of.find(gpu.host); packed != packed_of.end()) {
-        static_json = readings_json = {};
-        if (packed->second)
-          if (const auto it = packed->second->find(uuid); it != packed->second->end()) {
-            static_json = it->second.static_json;
-            readings_json = it->second.readings_json;
-          }
-      }
       auto device = registered_device(static_json, readings_json);
       if (!device || device->uuid != uuid) {
         out.warnings.push_back(fmt::format("the registration of GPU {} (host {}) is unreadable",
@@ -415,6 +418,26 @@ QueueSnapshot RedisBackend::plan(const Snapshot& snap, const Ticket* newcomer) {
         return ia->second->local ? source_->distance(a, b) : 1;
       });
   return q;
+}
+
+bool RedisBackend::registration_misleads(const Snapshot& snap, const QueueSnapshot& planned) {
+  // Only this host's GPUs whose registered readings differ from the live ones can disagree.
+  std::unordered_map<std::string_view, const Device*> registered;
+  for (const Gpu& gpu : snap.gpus)
+    if (gpu.local && gpu.registered &&
+        device_readings_json(*gpu.registered) != device_readings_json(gpu.device))
+      registered.emplace(gpu.device.uuid, &*gpu.registered);
+  if (registered.empty()) return false;
+  for (std::size_t i = 0; i < planned.tickets.size(); ++i) {
+    const auto stale = unhealthy_candidates(planned.tickets[i], [&](const std::string& u) {
+      const auto it = registered.find(u);
+      return it == registered.end() ? nullptr : it->second;
+    });
+    const auto& live = planned.unhealthy_reasons[i];
+    for (const auto& [uuid, device] : registered)
+      if (stale.count(std::string(uuid)) != live.count(std::string(uuid))) return true;
+  }
+  return false;
 }
 
 }  // namespace gpulock

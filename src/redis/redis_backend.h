@@ -67,6 +67,8 @@ class RedisBackend final : public LeaseBackend {
     Device device;
     std::string host;
     bool local = false;  // a GPU of this host (its device data is live)
+    // For a GPU of this host: its registration, as other hosts read it (unset if unreadable).
+    std::optional<Device> registered;
     // The lease id holding it, "" when free, "!garbage" when unusable, or
     // redis_scripts::kSharedMark when shared leases hold it (then `shares` says which).
     std::string lock;
@@ -125,6 +127,10 @@ class RedisBackend final : public LeaseBackend {
   std::vector<std::string> host_names(RedisConnection& connection);
   // The queue planned from a snapshot (the same planner and explanations as the local queue).
   QueueSnapshot plan(const Snapshot& snapshot, const Ticket* newcomer);
+  // Whether this host's registered readings would give some ticket of `planned` a different
+  // health verdict on one of this host's GPUs than its live readings give: waiters of other
+  // hosts, which plan with the registered readings, would then disagree with this host's.
+  static bool registration_misleads(const Snapshot& snapshot, const QueueSnapshot& planned);
   // The queue as people see it, planned from a snapshot.
   QueueStatus queue_of(const Snapshot& snapshot);
   // A registered device from its JSON, parsed once per distinct registration.

@@ -176,3 +176,40 @@ def test_waiters_whose_snapshots_read_different_hosts_agree_on_whom_fair_share_s
     assert log.read_text().split() == ["A", "B"]
     for holder in [b_holds] + a_shares:
         assert holder.finish() == 0
+
+
+def test_waiters_agree_on_health_when_readings_change_after_registration(rw):
+    """Waiters on other hosts judge a host's GPUs by its registered readings; a waiter on the
+    host judges them live. X (node-a, --min-free-mem 20G) and then Y (node-b, --host node-a)
+    wait for node-a's only GPU; after both registered, a job outside gpulock takes 70 GB of its
+    80. When the GPU is released, X cannot use it (10 GB free) and Y must run. Before the fix
+    X's plan (live: X cannot use it) gave it to Y, and Y's (registered: X can) gave it to X:
+    the GPU stayed free while both waited, until some other gpulock process on node-a
+    registered again. Once the memory is back, X runs."""
+    uuid = "GPU-11111111-0000-4000-8000-00000000000a"
+    fake = rw.tmp / "node-a-gpus.json"
+
+    def node_a_memory_used(used):
+        rw.gl.write_fake_gpus([{"uuid": uuid, "memory_total": "80G", "memory_used": used}],
+                              path=fake)
+    node_a_memory_used("0G")
+    env_a = rw.env(host="node-a", gpus=str(fake))
+    rw.status(env=env_a)
+    rw.register("node-b", gpus=1)
+    blocker = rw.hold("--gpus", "0", env=env_a)
+    log = rw.tmp / "order"
+    log.write_text("")
+    x_waits = rw.gl.spawn("run", "-n", "1", "--min-free-mem", "20G", "--", "sh", "-c",
+                          ORDER_JOB, "job", "X", log, env=env_a)
+    x_waits.wait_for_stderr("waiting", timeout=HANG)
+    y_waits = rw.gl.spawn("run", "-n", "1", "--host", "node-a", "--", "sh", "-c", ORDER_JOB,
+                          "job", "Y", log, env=rw.env(host="node-b"))
+    y_waits.wait_for_stderr("waiting", timeout=HANG)
+    node_a_memory_used("70G")
+    assert blocker.finish() == 0
+    status = y_waits.wait(timeout=HANG)
+    assert status == 0, "Y exited %s: %s\nX: %s" % (status, y_waits.stderr(), x_waits.stderr())
+    assert x_waits.alive(), x_waits.describe()
+    node_a_memory_used("0G")
+    assert x_waits.wait(timeout=HANG) == 0, x_waits.describe()
+    assert log.read_text().split() == ["Y", "X"]
