@@ -36,6 +36,7 @@ std::string never_reason(const Device& d, const LeaseRequest& r, const Config& c
   return "";
 }
 
+// Reads the readings same_readiness_inputs() compares: keep the two in step.
 std::string unready_reason(const Device& d, const LeaseRequest& r) {
   const std::string name = describe_device(d);
   if (r.min_free_memory_bytes) {
@@ -67,6 +68,13 @@ std::string unready_reason(const Device& d, const LeaseRequest& r) {
                        d.processes.size() > 1 ? "es" : "", pids);
   }
   return "";
+}
+
+bool same_readiness_inputs(const Device& a, const Device& b) {
+  return a.memory_free_bytes == b.memory_free_bytes &&
+         a.utilization_percent == b.utilization_percent &&
+         a.power_draw_watts == b.power_draw_watts && a.processes_known == b.processes_known &&
+         a.processes.empty() == b.processes.empty();
 }
 
 }  // namespace gpulock

@@ -21,4 +21,7 @@ std::string never_reason(const Device& device, const LeaseRequest& request, cons
 // Why the device cannot serve the request now (health filters, foreign processes): "" if it can.
 std::string unready_reason(const Device& device, const LeaseRequest& request);
 
+// Whether unready_reason() reads the same values in both (then it judges every request alike).
+bool same_readiness_inputs(const Device& a, const Device& b);
+
 }  // namespace gpulock

@@ -424,8 +424,7 @@ bool RedisBackend::registration_misleads(const Snapshot& snap, const QueueSnapsh
   // Only this host's GPUs whose registered readings differ from the live ones can disagree.
   std::unordered_map<std::string_view, const Device*> registered;
   for (const Gpu& gpu : snap.gpus)
-    if (gpu.local && gpu.registered &&
-        device_readings_json(*gpu.registered) != device_readings_json(gpu.device))
+    if (gpu.local && gpu.registered && !same_readiness_inputs(*gpu.registered, gpu.device))
       registered.emplace(gpu.device.uuid, &*gpu.registered);
   if (registered.empty()) return false;
   for (std::size_t i = 0; i < planned.tickets.size(); ++i) {
