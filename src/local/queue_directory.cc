@@ -17,6 +17,7 @@
 #include "gpulock/error.hpp"
 #include "local/fork_guard.h"
 #include "local/gpu_lock_file.h"
+#include "process/process_identity.h"
 #include "util/current_pid.h"
 #include "util/fd.h"
 #include "util/quiet_pipe_write.h"
@@ -92,11 +93,14 @@ void OwnTicket::leave() {
   }
   forget_in_forked_child(ticket_fd_.get());
   forget_in_forked_child(wake_fd_.get());
-  if (index_) index_->remove(slot_, ticket_.seq);
-  // Unlink first, then close: whoever watches the ticket is told by the close, and by then the
-  // ticket is gone from the listing.
+  // The files first, the slot last: a SIGKILL between two of these steps leaves the slot, and
+  // whoever next finds it dead removes what is left (remove_dead()). With the slot removed
+  // first, a kill between the two unlinks left a file that only a sweep of the whole directory
+  // found. Then close: whoever watches the ticket is told by the close, and by then the ticket
+  // is gone from the listing.
   ::unlinkat(dir_fd_, ticket_name(ticket_.id).c_str(), 0);
   ::unlinkat(dir_fd_, wake_name(ticket_.id).c_str(), 0);
+  if (index_) index_->remove(slot_, ticket_.seq);
   ticket_fd_.reset();
   wake_fd_.reset();
 }
@@ -401,13 +405,17 @@ void QueueDirectory::wake_successor(std::uint64_t seq, const Listing* listing) c
 
 bool QueueDirectory::remove_dead(const IndexEntry& entry) const {
   if (is_live(entry.id)) return false;
+  // A waiter that is leaving unlinks its files before it empties its slot (OwnTicket::leave()):
+  // it empties the slot itself. Emptying it here too could empty it after a newcomer took it.
+  if (is_alive(ProcessId{entry.pid, entry.pid_start})) return false;
   index().remove(entry.slot, entry.seq);
-  struct stat st {};
+  // Each file on its own: a waiter killed while it left may have unlinked one of them.
   const uid_t me = ::geteuid();
-  if (::fstatat(fd(), ticket_name(entry.id).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-      (st.st_uid == me || me == 0)) {
-    ::unlinkat(fd(), ticket_name(entry.id).c_str(), 0);
-    ::unlinkat(fd(), wake_name(entry.id).c_str(), 0);
+  for (const std::string& name : {ticket_name(entry.id), wake_name(entry.id)}) {
+    struct stat st {};
+    if (::fstatat(fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        (st.st_uid == me || me == 0))
+      ::unlinkat(fd(), name.c_str(), 0);
   }
   return true;
 }

@@ -112,7 +112,8 @@ class QueueDirectory {
   std::optional<Ticket> read_ticket(const IndexEntry& entry) const;
 
   // Clears the slot of an entry whose ticket is not live, and removes its files where this
-  // process may (its own user's; everyone's as root); false if it is live after all.
+  // process may (its own user's; everyone's as root); false if it is live after all, or if its
+  // process lives (it is leaving, and clears its slot itself).
   // REQUIRES: the acquire mutex is held.
   bool remove_dead(const IndexEntry& entry) const;
 

@@ -769,6 +769,52 @@ TEST_F(QueueDirectoryTest, ReadTicketGivesTheDetailsOfALiveWaiterOnly) {
   EXPECT_EQ(after.index[1].id, dead.id);
 }
 
+TEST_F(QueueDirectoryTest, AWaiterKilledBetweenTheUnlinksOfItsLeavingIsCleanedUpFromItsSlot) {
+  // OwnTicket::leave() unlinks the ticket, then the wake FIFO, then empties the slot. A child
+  // does the first step and ends (a SIGKILL there): the slot is left, and with it whoever finds
+  // the waiter dead finds the FIFO. (With the slot emptied first, the FIFO was left where only
+  // a sweep of the whole directory could find it, and remove_dead() skipped a FIFO whose ticket
+  // was gone.)
+  Ticket t = MakeTicket(0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    try {
+      const auto queue = QueueDirectory::open(LockDirectory::open(locks_.path()), true);
+      t.process = self_process_id();
+      [[maybe_unused]] auto* leaked = new OwnTicket(queue->enter(t));
+      ::_exit(::unlink(TicketPath(t.id).c_str()) == 0 ? 0 : 2);
+    } catch (...) {
+      ::_exit(1);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ASSERT_FALSE(Exists(TicketPath(t.id)));
+  ASSERT_TRUE(Exists(WakePath(t.id)));
+  const auto listing = queue_->list_index();
+  ASSERT_EQ(listing.index.size(), 1u);
+  EXPECT_TRUE(queue_->remove_dead(listing.index[0]));
+  EXPECT_FALSE(Exists(WakePath(t.id)));
+  EXPECT_TRUE(queue_->list_index().index.empty());
+}
+
+TEST_F(QueueDirectoryTest, ALeavingWaiterWhoseTicketIsUnlinkedKeepsItsSlotUntilItEmptiesIt) {
+  // Between the unlinks and the slot, a leaving waiter's ticket is no longer live, but its
+  // process is: others leave its slot alone (emptying it too could empty it after a newcomer
+  // took it), and the waiter empties it itself.
+  OwnTicket leaving = queue_->enter(MakeTicket(0));
+  ASSERT_EQ(::unlink(TicketPath(leaving.ticket().id).c_str()), 0);
+  const auto listing = queue_->list_index();
+  ASSERT_EQ(listing.index.size(), 1u);
+  EXPECT_FALSE(queue_->is_live(leaving.ticket().id));
+  EXPECT_FALSE(queue_->remove_dead(listing.index[0]));
+  EXPECT_EQ(queue_->list_index().index.size(), 1u);
+  leaving.leave();
+  EXPECT_TRUE(queue_->list_index().index.empty());
+  EXPECT_FALSE(Exists(WakePath(listing.index[0].id)));
+}
+
 TEST_F(QueueDirectoryTest, LeavingClearsTheSlotAndRemoveDeadClearsADeadWaitersSlot) {
   OwnTicket leaving = queue_->enter(MakeTicket(0));
   const Ticket dead = EnterAndDie(0);
