@@ -70,11 +70,13 @@ std::string unready_reason(const Device& d, const LeaseRequest& r) {
   return "";
 }
 
-bool same_readiness_inputs(const Device& a, const Device& b) {
-  return a.memory_free_bytes == b.memory_free_bytes &&
-         a.utilization_percent == b.utilization_percent &&
-         a.power_draw_watts == b.power_draw_watts && a.processes_known == b.processes_known &&
-         a.processes.empty() == b.processes.empty();
+bool same_readiness_inputs(const Device& a, const Device& b, const LeaseRequest& in_use) {
+  if (in_use.min_free_memory_bytes && a.memory_free_bytes != b.memory_free_bytes) return false;
+  if (in_use.max_utilization_percent && a.utilization_percent != b.utilization_percent)
+    return false;
+  if (in_use.max_power_watts && a.power_draw_watts != b.power_draw_watts) return false;
+  return in_use.allow_foreign_processes ||
+         (a.processes_known == b.processes_known && a.processes.empty() == b.processes.empty());
 }
 
 }  // namespace gpulock

@@ -21,7 +21,9 @@ std::string never_reason(const Device& device, const LeaseRequest& request, cons
 // Why the device cannot serve the request now (health filters, foreign processes): "" if it can.
 std::string unready_reason(const Device& device, const LeaseRequest& request);
 
-// Whether unready_reason() reads the same values in both (then it judges every request alike).
-bool same_readiness_inputs(const Device& a, const Device& b);
+// Whether unready_reason() reads the same values in both for the filters that `in_use` sets
+// (any value; allow_foreign_processes false: the check for foreign processes). Then it judges
+// alike every request that uses no other filter.
+bool same_readiness_inputs(const Device& a, const Device& b, const LeaseRequest& in_use);
 
 }  // namespace gpulock

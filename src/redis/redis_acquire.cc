@@ -299,7 +299,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       // cannot serve, for as long as the registration stays old. Register the live readings,
       // before waking anyone, so that those woken plan as this one did.
       if (Clock::now() >= next_readings_push && registration_misleads(snap, q)) {
-        local_devices = register_devices(*connection, /*force=*/true);
+        register_readings(*connection, local_devices, /*force=*/true);  // those this plan used
         next_readings_push = Clock::now() + options_.health_recheck_interval;
       }
       const Placement& mine = q.plan.of(me);

@@ -120,6 +120,12 @@ uid_t RedisBackend::plan_uid(const std::string& user) {
 
 std::vector<Device> RedisBackend::register_devices(RedisConnection& connection, bool force) {
   std::vector<Device> devices = source_->devices();
+  register_readings(connection, devices, force);
+  return devices;
+}
+
+void RedisBackend::register_readings(RedisConnection& connection,
+                                     const std::vector<Device>& devices, bool force) {
   std::vector<std::string> args{
       settings_.host, nlohmann::json{{"gpulock", GPULOCK_VERSION_STRING},
                                      {"device_source", source_->description()},
@@ -136,13 +142,12 @@ std::vector<Device> RedisBackend::register_devices(RedisConnection& connection, 
     std::lock_guard<std::mutex> lock(mutex_);
     if (!force && signature == registered_signature_ &&
         Clock::now() - registered_at_ < kRegistrationRefresh)
-      return devices;
+      return;
   }
   connection.run(redis_scripts::kRegister, {settings_.version_key()}, args);
   std::lock_guard<std::mutex> lock(mutex_);
   registered_signature_ = signature;
   registered_at_ = Clock::now();
-  return devices;
 }
 
 RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
@@ -421,10 +426,22 @@ QueueSnapshot RedisBackend::plan(const Snapshot& snap, const Ticket* newcomer) {
 }
 
 bool RedisBackend::registration_misleads(const Snapshot& snap, const QueueSnapshot& planned) {
-  // Only this host's GPUs whose registered readings differ from the live ones can disagree.
+  // The filters some ticket uses: readings no filter reads may differ freely (on NVML the power
+  // draw differs at every read).
+  LeaseRequest in_use;
+  in_use.allow_foreign_processes = true;
+  for (const Ticket& t : planned.tickets) {
+    if (t.min_free_memory_bytes) in_use.min_free_memory_bytes = 0;
+    if (t.max_utilization_percent) in_use.max_utilization_percent = 0;
+    if (t.max_power_watts) in_use.max_power_watts = 0;
+    if (!t.allow_foreign_processes) in_use.allow_foreign_processes = false;
+  }
+  // Only this host's GPUs that are free (or in shared use) and whose registered readings
+  // differ from the live ones can disagree: a plan gives a held GPU to nobody, however healthy.
   std::unordered_map<std::string_view, const Device*> registered;
   for (const Gpu& gpu : snap.gpus)
-    if (gpu.local && gpu.registered && !same_readiness_inputs(*gpu.registered, gpu.device))
+    if (gpu.local && (gpu.lock.empty() || gpu.shared()) && gpu.registered &&
+        !same_readiness_inputs(*gpu.registered, gpu.device, in_use))
       registered.emplace(gpu.device.uuid, &*gpu.registered);
   if (registered.empty()) return false;
   for (std::size_t i = 0; i < planned.tickets.size(); ++i) {

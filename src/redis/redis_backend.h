@@ -113,6 +113,9 @@ class RedisBackend final : public LeaseBackend {
  private:
   // This host's devices, registered in Redis when they changed or the registration is old.
   std::vector<Device> register_devices(RedisConnection& connection, bool force = false);
+  // Registers `devices` as this host's (readings as read by the caller).
+  void register_readings(RedisConnection& connection, const std::vector<Device>& devices,
+                         bool force);
   // The pool as seen from `scope` (empty: every host): the scope's hosts and GPUs, widened to
   // the hosts any queued ticket may use, the whole queue, and for `user` and each queued user
   // how many GPUs they hold outside the scope. Its cost follows the scope and the queue, not

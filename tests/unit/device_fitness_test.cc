@@ -39,6 +39,15 @@ std::vector<LeaseRequest> Requests() {
   return out;
 }
 
+// Every filter in use (any value; no --allow-foreign).
+LeaseRequest AllFilters() {
+  LeaseRequest r;
+  r.min_free_memory_bytes = 0;
+  r.max_utilization_percent = 0;
+  r.max_power_watts = 0;
+  return r;
+}
+
 bool SameVerdicts(const Device& a, const Device& b) {
   for (const LeaseRequest& r : Requests())
     if (unready_reason(a, r).empty() != unready_reason(b, r).empty()) return false;
@@ -63,7 +72,7 @@ TEST(SameReadinessInputs, ReadingsThatNoFilterReadsChangeNothing) {
   for (std::size_t i = 0; i < cases.size(); ++i) {
     Device after = cases[i].before;
     cases[i].change(after);
-    EXPECT_TRUE(same_readiness_inputs(cases[i].before, after)) << i;
+    EXPECT_TRUE(same_readiness_inputs(cases[i].before, after, AllFilters())) << i;
     EXPECT_TRUE(SameVerdicts(cases[i].before, after)) << i;
   }
 }
@@ -85,11 +94,41 @@ TEST(SameReadinessInputs, EveryReadingAFilterReadsIsCompared) {
   for (std::size_t i = 0; i < changes.size(); ++i) {
     Device after = before;
     changes[i](after);
-    EXPECT_FALSE(same_readiness_inputs(before, after)) << i;
-    EXPECT_FALSE(same_readiness_inputs(after, before)) << i;
+    EXPECT_FALSE(same_readiness_inputs(before, after, AllFilters())) << i;
+    EXPECT_FALSE(same_readiness_inputs(after, before, AllFilters())) << i;
     // Each change matters to some request: comparing less would miss a changed verdict.
     EXPECT_FALSE(SameVerdicts(before, after)) << i;
   }
+}
+
+}  // namespace
+}  // namespace gpulock
+
+namespace gpulock {
+namespace {
+
+TEST(SameReadinessInputs, OnlyTheReadingsOfTheFiltersInUseAreCompared) {
+  const Device before = Reading();
+  Device after = before;
+  after.power_draw_watts = 80.0;  // NVML's power draw differs at almost every read
+  after.utilization_percent = 0;
+  LeaseRequest memory_only;
+  memory_only.min_free_memory_bytes = 0;
+  memory_only.allow_foreign_processes = true;
+  EXPECT_TRUE(same_readiness_inputs(before, after, memory_only));
+  LeaseRequest power_too = memory_only;
+  power_too.max_power_watts = 0;
+  EXPECT_FALSE(same_readiness_inputs(before, after, power_too));
+  LeaseRequest utilisation_too = memory_only;
+  utilisation_too.max_utilization_percent = 0;
+  EXPECT_FALSE(same_readiness_inputs(before, after, utilisation_too));
+  // Foreign processes: compared unless every request allows them.
+  after = before;
+  after.processes = {{10, 1 * kGiB}};
+  EXPECT_TRUE(same_readiness_inputs(before, after, memory_only));
+  LeaseRequest no_foreign = memory_only;
+  no_foreign.allow_foreign_processes = false;
+  EXPECT_FALSE(same_readiness_inputs(before, after, no_foreign));
 }
 
 }  // namespace
