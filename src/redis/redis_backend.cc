@@ -220,7 +220,7 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
         gpu.local = true;
         if (auto registered = registered_device(static_json, readings_json);
             registered && registered->uuid == uuid)
-          gpu.registered = std::move(registered);
+          out.registered_here.emplace(uuid, std::move(*registered));
       }
     }
     if (!gpu.local) {
@@ -438,11 +438,14 @@ bool RedisBackend::registration_misleads(const Snapshot& snap, const QueueSnapsh
   }
   // Only this host's GPUs that are free (or in shared use) and whose registered readings
   // differ from the live ones can disagree: a plan gives a held GPU to nobody, however healthy.
-  std::unordered_map<std::string_view, const Device*> registered;
-  for (const Gpu& gpu : snap.gpus)
-    if (gpu.local && (gpu.lock.empty() || gpu.shared()) && gpu.registered &&
-        !same_readiness_inputs(*gpu.registered, gpu.device, in_use))
-      registered.emplace(gpu.device.uuid, &*gpu.registered);
+  std::map<std::string, const Device*> registered;
+  for (const Gpu& gpu : snap.gpus) {
+    if (!gpu.local || !(gpu.lock.empty() || gpu.shared())) continue;
+    const auto as_registered = snap.registered_here.find(gpu.device.uuid);
+    if (as_registered != snap.registered_here.end() &&
+        !same_readiness_inputs(as_registered->second, gpu.device, in_use))
+      registered.emplace(gpu.device.uuid, &as_registered->second);
+  }
   if (registered.empty()) return false;
   for (std::size_t i = 0; i < planned.tickets.size(); ++i) {
     const auto stale = unhealthy_candidates(planned.tickets[i], [&](const std::string& u) {
@@ -451,7 +454,7 @@ bool RedisBackend::registration_misleads(const Snapshot& snap, const QueueSnapsh
     });
     const auto& live = planned.unhealthy_reasons[i];
     for (const auto& [uuid, device] : registered)
-      if (stale.count(std::string(uuid)) != live.count(std::string(uuid))) return true;
+      if (stale.count(uuid) != live.count(uuid)) return true;
   }
   return false;
 }

@@ -67,8 +67,6 @@ class RedisBackend final : public LeaseBackend {
     Device device;
     std::string host;
     bool local = false;  // a GPU of this host (its device data is live)
-    // For a GPU of this host: its registration, as other hosts read it (unset if unreadable).
-    std::optional<Device> registered;
     // The lease id holding it, "" when free, "!garbage" when unusable, or
     // redis_scripts::kSharedMark when shared leases hold it (then `shares` says which).
     std::string lock;
@@ -95,6 +93,9 @@ class RedisBackend final : public LeaseBackend {
     std::string frees;            // the count of releases (kSnapshot), "" before the first
     std::vector<HostEntry> hosts;
     std::vector<Gpu> gpus;
+    // This host's GPUs as registered, by UUID, as other hosts read them (unreadable ones left
+    // out); kept apart from `gpus`, which hold their live readings.
+    std::map<std::string, Device> registered_here;
     std::map<std::string, LeaseEntry> leases;
     std::vector<Ticket> tickets;     // in arrival order; uid replaced by a per-user number
     std::vector<uid_t> ticket_uids;  // parallel: the uid the ticket's host gave
