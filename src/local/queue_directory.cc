@@ -408,8 +408,9 @@ bool QueueDirectory::remove_dead(const IndexEntry& entry) const {
   // A waiter that is leaving unlinks its files before it empties its slot (OwnTicket::leave()):
   // it empties the slot itself. Emptying it here too could empty it after a newcomer took it.
   if (is_alive(ProcessId{entry.pid, entry.pid_start})) return false;
-  index().remove(entry.slot, entry.seq);
-  // Each file on its own: a waiter killed while it left may have unlinked one of them.
+  // As in leave(), the files first and the slot last: this process, killed in between, leaves
+  // the slot for the next one that finds it dead. Each file on its own: a waiter killed while
+  // it left may have unlinked one of them.
   const uid_t me = ::geteuid();
   for (const std::string& name : {ticket_name(entry.id), wake_name(entry.id)}) {
     struct stat st {};
@@ -417,6 +418,7 @@ bool QueueDirectory::remove_dead(const IndexEntry& entry) const {
         (st.st_uid == me || me == 0))
       ::unlinkat(fd(), name.c_str(), 0);
   }
+  index().remove(entry.slot, entry.seq);
   return true;
 }
 
