@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/device_fitness.h"
+#include "backend/health_agreement.h"
 #include "backend/queue_request.h"
 #include "backend/shared_memory_units.h"
 #include "gpulock/error.hpp"
@@ -426,37 +426,16 @@ QueueSnapshot RedisBackend::plan(const Snapshot& snap, const Ticket* newcomer) {
 }
 
 bool RedisBackend::registration_misleads(const Snapshot& snap, const QueueSnapshot& planned) {
-  // The filters some ticket uses: readings no filter reads may differ freely (on NVML the power
-  // draw differs at every read).
-  LeaseRequest in_use;
-  in_use.allow_foreign_processes = true;
-  for (const Ticket& t : planned.tickets) {
-    if (t.min_free_memory_bytes) in_use.min_free_memory_bytes = 0;
-    if (t.max_utilization_percent) in_use.max_utilization_percent = 0;
-    if (t.max_power_watts) in_use.max_power_watts = 0;
-    if (!t.allow_foreign_processes) in_use.allow_foreign_processes = false;
-  }
-  // Only this host's GPUs that are free (or in shared use) and whose registered readings
-  // differ from the live ones can disagree: a plan gives a held GPU to nobody, however healthy.
-  std::map<std::string, const Device*> registered;
+  // Only this host's GPUs that are free (or in shared use) can make plans disagree: a plan
+  // gives a held GPU to nobody, however healthy.
+  std::vector<RegisteredAndLive> gpus;
   for (const Gpu& gpu : snap.gpus) {
     if (!gpu.local || !(gpu.lock.empty() || gpu.shared())) continue;
     const auto as_registered = snap.registered_here.find(gpu.device.uuid);
-    if (as_registered != snap.registered_here.end() &&
-        !same_readiness_inputs(as_registered->second, gpu.device, in_use))
-      registered.emplace(gpu.device.uuid, &as_registered->second);
+    if (as_registered != snap.registered_here.end())
+      gpus.push_back(RegisteredAndLive{&as_registered->second, &gpu.device});
   }
-  if (registered.empty()) return false;
-  for (std::size_t i = 0; i < planned.tickets.size(); ++i) {
-    const auto stale = unhealthy_candidates(planned.tickets[i], [&](const std::string& u) {
-      const auto it = registered.find(u);
-      return it == registered.end() ? nullptr : it->second;
-    });
-    const auto& live = planned.unhealthy_reasons[i];
-    for (const auto& [uuid, device] : registered)
-      if (stale.count(uuid) != live.count(uuid)) return true;
-  }
-  return false;
+  return !gpus.empty() && health_verdicts_differ(planned.tickets, gpus);
 }
 
 }  // namespace gpulock
