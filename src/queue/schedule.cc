@@ -41,11 +41,18 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
 Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
                 std::vector<PlanRequest>& requests, const DistanceFunction& distance,
                 const RequestLoader& load) {
-  // Each user's requests by arrival; those beyond the user's max_waiting are held back.
+  // Each user's requests by arrival; those beyond the user's max_waiting are held back. A queue
+  // of thousands is mostly one user's: the map is looked up again only when the user changes.
   std::map<uid_t, std::vector<std::size_t>> by_user;
-  for (std::size_t i = 0; i < requests.size(); ++i) by_user[requests[i].uid].push_back(i);
-  std::vector<bool> held_back(requests.size(), false);
-  std::vector<OrderKey> keys(requests.size());
+  std::vector<std::size_t>* last_user_requests = nullptr;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (i == 0 || requests[i].uid != requests[i - 1].uid)
+      last_user_requests = &by_user[requests[i].uid];
+    last_user_requests->push_back(i);
+  }
+  // Flags per request, as bytes (a vector<bool> costs a shift and mask per look).
+  std::vector<char> held_back(requests.size(), false);
+  std::vector<char> may_enter(requests.size(), false);
   std::map<uid_t, std::uint64_t> held_by_user;   // whole GPUs, for max_gpus
   std::map<uid_t, std::uint64_t> share_by_user;  // in 1/kShareScale of a GPU, for fair share
   for (const auto& gpu : gpus) {
@@ -66,6 +73,14 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
         1, std::min<std::uint64_t>(kShareScale, std::uint64_t{r.units_on(largest_units)} *
                                                     kShareScale / largest_units));
   };
+  // Sorted as one flat key per request (held-back ones last, by arrival), for a queue of
+  // thousands sorted at every plan. Filled in per user below.
+  struct Sortable {
+    bool held_back;
+    OrderKey key;
+    std::size_t index;
+  };
+  std::vector<Sortable> sortable(requests.size());
   for (auto& [uid, indices] : by_user) {
     const auto by_seq = [&](std::size_t a, std::size_t b) {
       return requests[a].seq < requests[b].seq;
@@ -74,27 +89,29 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
       std::sort(indices.begin(), indices.end(), by_seq);
     std::uint64_t share = share_by_user[uid];
     std::size_t taking_part = 0;
+    bool some_entered_over_limit = false;
     for (std::size_t i : indices) {
       const PlanRequest& r = requests[i];
       const auto& max_waiting = r.limits.max_waiting;
+      some_entered_over_limit |= r.entered_over_limit;
       if (r.entered_over_limit || (max_waiting && taking_part >= *max_waiting)) {
         held_back[i] = true;
+        sortable[i] = Sortable{true, OrderKey{0, 0, 0, r.seq}, i};
         continue;
       }
       ++taking_part;
-      keys[i].priority_class = r.priority == Priority::kLow ? 1 : 0;
-      keys[i].share = policy == QueuePolicy::kFairShare ? share : 0;
-      keys[i].last_served = policy == QueuePolicy::kFairShare ? r.user_last_served : 0;
-      keys[i].seq = r.seq;
+      OrderKey key;
+      key.priority_class = r.priority == Priority::kLow ? 1 : 0;
+      key.share = policy == QueuePolicy::kFairShare ? share : 0;
+      key.last_served = policy == QueuePolicy::kFairShare ? r.user_last_served : 0;
+      key.seq = r.seq;
+      sortable[i] = Sortable{false, key, i};
       share += std::uint64_t{r.needed} * weight_of(r);
     }
-  }
 
-  // Room in the queue for requests that registered over the limit: the earliest may enter.
-  std::vector<bool> may_enter(requests.size(), false);
-  for (const auto& [uid, indices] : by_user) {
-    std::size_t taking_part = 0;
-    for (std::size_t i : indices) taking_part += held_back[i] ? 0 : 1;
+    // Room in the queue for this user's requests that registered over the limit: the earliest
+    // may enter. (taking_part: the user's requests not held back.)
+    if (!some_entered_over_limit) continue;
     for (std::size_t i : indices) {
       const auto& max_waiting = requests[i].limits.max_waiting;
       if (!requests[i].entered_over_limit || (max_waiting && taking_part >= *max_waiting)) continue;
@@ -103,18 +120,6 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
     }
   }
 
-  // Sorted as one flat key per request (held-back ones last, by arrival), for a queue of
-  // thousands sorted at every plan.
-  struct Sortable {
-    bool held_back;
-    OrderKey key;
-    std::size_t index;
-  };
-  std::vector<Sortable> sortable(requests.size());
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    sortable[i] = Sortable{held_back[i], keys[i], i};
-    if (held_back[i]) sortable[i].key = OrderKey{0, 0, 0, requests[i].seq};
-  }
   const auto goes_first = [](const Sortable& a, const Sortable& b) {
     if (a.held_back != b.held_back) return !a.held_back;
     return a.key.tie() < b.key.tie();
@@ -122,8 +127,6 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   // One user's queue (a sweep) is in order already: checking costs a tenth of sorting.
   if (!std::is_sorted(sortable.begin(), sortable.end(), goes_first))
     std::sort(sortable.begin(), sortable.end(), goes_first);
-  std::vector<std::size_t> order(requests.size());
-  for (std::size_t i = 0; i < sortable.size(); ++i) order[i] = sortable[i].index;
 
   // Walk the order over the GPUs. claimed: a GPU given or reserved (or held back) as a whole,
   // and to whom. Shared requests take units of GPUs that stay open to later shared requests.
@@ -170,9 +173,12 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   Plan plan;
   plan.position_of.assign(requests.size(), 0);
   plan.order.reserve(requests.size());
-  for (std::size_t index : order) {
+  for (const Sortable& in_order : sortable) {
+    const std::size_t index = in_order.index;
     PlanRequest& r = requests[index];
-    Placement placement;
+    // Built in place (the order has room for every request): a plan places thousands.
+    plan.position_of[index] = plan.order.size();
+    Placement& placement = plan.order.emplace_back();
     placement.request = index;
     const bool over_gpu_limit =
         !held_back[index] && !r.shared() && r.limits.max_gpus &&
@@ -186,8 +192,6 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
       }
       if (!takes_part) {
         placement.standing = QueueStanding::kWaiting;
-        plan.position_of[index] = plan.order.size();
-        plan.order.push_back(std::move(placement));
         continue;
       }
     }
@@ -309,8 +313,6 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
         for (const auto& uuid : placement.held_back) claimed[uuid] = Claim{index, false};
       }
     }
-    plan.position_of[index] = plan.order.size();
-    plan.order.push_back(std::move(placement));
   }
   return plan;
 }
