@@ -36,18 +36,23 @@ PlanRequest plan_request_for(const Ticket& t, const Config& config) {
 
 PlanRequest plan_request_for(const Ticket& t, const UserLimits& limits) {
   PlanRequest r;
+  fill_plan_request(t, limits, r);
+  return r;
+}
+
+void fill_plan_request(const Ticket& t, const UserLimits& limits, PlanRequest& r) {
   r.seq = t.seq;
   r.uid = t.uid;
   r.priority = t.priority;
   r.needed = t.needed;
   r.named_gpus = t.named_gpus;
   r.entered_over_limit = t.entered_over_limit;
-  r.candidates = t.candidates;
+  // Tickets listed from the index have none yet: no copy (nor its call) for them.
+  if (!t.candidates.empty()) r.candidates = t.candidates;
   r.limits = limits;
   r.shared_units = t.shared_units;
   r.shared_slots = t.shared_slots;
   r.spread = t.spread;
-  return r;
 }
 
 LeaseRequest health_filters_of(const Ticket& t) {

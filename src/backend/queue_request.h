@@ -21,6 +21,9 @@ Ticket ticket_for_request(const LeaseRequest& request, std::size_t needed, const
 PlanRequest plan_request_for(const Ticket& ticket, const Config& config);
 // The same, with its user's limits looked up already.
 PlanRequest plan_request_for(const Ticket& ticket, const UserLimits& limits);
+// The same, written into `r`, a default PlanRequest (one just placed in a vector): a plan makes
+// one per waiter, thousands, and a returned one would be moved and destroyed once more each.
+void fill_plan_request(const Ticket& ticket, const UserLimits& limits, PlanRequest& r);
 
 // The health filters of a ticket, as a request, to judge devices by.
 LeaseRequest health_filters_of(const Ticket& ticket);

@@ -86,7 +86,8 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
       last_served_at = it == listing.last_served.end() ? 0 : it->second;
     }
     t.user = last_user;
-    PlanRequest r = plan_request_for(t, last_limits);
+    PlanRequest& r = requests.emplace_back();  // in place: `requests` has room for every ticket
+    fill_plan_request(t, last_limits, r);
     if (t.shared_slots > 0) r.job_cap = t.shared_slots;
     if (config_.max_jobs_per_gpu)
       r.job_cap =
@@ -100,7 +101,6 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
       snapshot.unhealthy_reasons[i] = unhealthy_candidates(t, device_of);
       for (const auto& [uuid, reason] : snapshot.unhealthy_reasons[i]) r.unhealthy.push_back(uuid);
     }
-    requests.push_back(std::move(r));
   }
   // A ticket's details, read when the plan reaches it; a waiter found gone is reported.
   const auto load = [&](std::size_t i, PlanRequest& r) {
