@@ -423,8 +423,12 @@ bool QueueDirectory::remove_dead(const IndexEntry& entry) const {
 }
 
 void QueueDirectory::read_last_served(Listing& listing) const {
+  // A queue of thousands is mostly one user's: the map is looked up when the user changes.
+  const Ticket* previous = nullptr;
   for (const Ticket& t : listing.live) {
-    if (listing.last_served.count(t.uid)) continue;
+    const bool same_user = previous && previous->uid == t.uid;
+    previous = &t;
+    if (same_user || listing.last_served.count(t.uid)) continue;
     // Only the user's own file counts: anyone could plant one under another user's name.
     struct stat st {};
     const std::string name = "served-" + std::to_string(t.uid);
