@@ -40,21 +40,6 @@ PlanRequest plan_request_for(const Ticket& t, const UserLimits& limits) {
   return r;
 }
 
-void fill_plan_request(const Ticket& t, const UserLimits& limits, PlanRequest& r) {
-  r.seq = t.seq;
-  r.uid = t.uid;
-  r.priority = t.priority;
-  r.needed = t.needed;
-  r.named_gpus = t.named_gpus;
-  r.entered_over_limit = t.entered_over_limit;
-  // Tickets listed from the index have none yet: no copy (nor its call) for them.
-  if (!t.candidates.empty()) r.candidates = t.candidates;
-  r.limits = limits;
-  r.shared_units = t.shared_units;
-  r.shared_slots = t.shared_slots;
-  r.spread = t.spread;
-}
-
 LeaseRequest health_filters_of(const Ticket& t) {
   LeaseRequest r;
   r.min_free_memory_bytes = t.min_free_memory_bytes;

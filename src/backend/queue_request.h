@@ -23,7 +23,21 @@ PlanRequest plan_request_for(const Ticket& ticket, const Config& config);
 PlanRequest plan_request_for(const Ticket& ticket, const UserLimits& limits);
 // The same, written into `r`, a default PlanRequest (one just placed in a vector): a plan makes
 // one per waiter, thousands, and a returned one would be moved and destroyed once more each.
-void fill_plan_request(const Ticket& ticket, const UserLimits& limits, PlanRequest& r);
+// Inline, so that a plan writes the fields straight into place.
+inline void fill_plan_request(const Ticket& t, const UserLimits& limits, PlanRequest& r) {
+  r.seq = t.seq;
+  r.uid = t.uid;
+  r.priority = t.priority;
+  r.needed = t.needed;
+  r.named_gpus = t.named_gpus;
+  r.entered_over_limit = t.entered_over_limit;
+  // Tickets listed from the index have none yet: no copy (nor its call) for them.
+  if (!t.candidates.empty()) r.candidates = t.candidates;
+  r.limits = limits;
+  r.shared_units = t.shared_units;
+  r.shared_slots = t.shared_slots;
+  r.spread = t.spread;
+}
 
 // The health filters of a ticket, as a request, to judge devices by.
 LeaseRequest health_filters_of(const Ticket& ticket);
