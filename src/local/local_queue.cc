@@ -73,11 +73,13 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
   std::string last_user;
   UserLimits last_limits;
   std::int64_t last_served_at = 0;
-  for (std::size_t i = 0; i < snapshot.tickets.size(); ++i) {
+  const std::size_t tickets = snapshot.tickets.size(), listed = listing.index.size();
+  for (std::size_t i = 0; i < tickets; ++i) {
     Ticket& t = snapshot.tickets[i];
     // Tickets listed from the index carry only what orders the queue, except our own.
-    const bool from_index = i < listing.index.size();
-    if (from_index && own && t.id == own->id) t = *own;
+    const bool from_index = i < listed;
+    const bool is_own = from_index && own && t.id == own->id;
+    if (is_own) t = *own;
     if (last_uid != t.uid) {
       last_uid = t.uid;
       last_user = user_of(t.uid);  // the name this machine gives the ticket's owner
@@ -92,10 +94,10 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
     if (config_.max_jobs_per_gpu)
       r.job_cap =
           r.job_cap ? std::min(*r.job_cap, *config_.max_jobs_per_gpu) : *config_.max_jobs_per_gpu;
-    r.details_pending = from_index && !(own && t.id == own->id);
+    r.details_pending = from_index && !is_own;
     // A request that has not registered does not wait yet: the waiting limit is not its
     // concern until it must (acquire() decides then).
-    if (newcomer && i + 1 == snapshot.tickets.size()) r.limits.max_waiting.reset();
+    if (newcomer && i + 1 == tickets) r.limits.max_waiting.reset();
     r.user_last_served = last_served_at;
     if (!r.details_pending) {
       snapshot.unhealthy_reasons[i] = unhealthy_candidates(t, device_of);
