@@ -50,8 +50,8 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
       last_user_requests = &by_user[requests[i].uid];
     last_user_requests->push_back(i);
   }
-  // Flags per request, as bytes (a vector<bool> costs a shift and mask per look).
-  std::vector<char> held_back(requests.size(), false);
+  // Whether each request that entered over the limit may enter now, as bytes (a vector<bool>
+  // costs a shift and mask per look). Whether a request is held back is in its Sortable.
   std::vector<char> may_enter(requests.size(), false);
   std::map<uid_t, std::uint64_t> held_by_user;   // whole GPUs, for max_gpus
   std::map<uid_t, std::uint64_t> share_by_user;  // in 1/kShareScale of a GPU, for fair share
@@ -95,7 +95,6 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
       const auto& max_waiting = r.limits.max_waiting;
       some_entered_over_limit |= r.entered_over_limit;
       if (r.entered_over_limit || (max_waiting && taking_part >= *max_waiting)) {
-        held_back[i] = true;
         sortable[i] = Sortable{true, OrderKey{0, 0, 0, r.seq}, i};
         continue;
       }
@@ -175,15 +174,16 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   plan.order.reserve(requests.size());
   for (const Sortable& in_order : sortable) {
     const std::size_t index = in_order.index;
+    const bool held_back = in_order.held_back;
     PlanRequest& r = requests[index];
     // Built in place (the order has room for every request): a plan places thousands.
     plan.position_of[index] = plan.order.size();
     Placement& placement = plan.order.emplace_back();
     placement.request = index;
     const bool over_gpu_limit =
-        !held_back[index] && !r.shared() && r.limits.max_gpus &&
+        !held_back && !r.shared() && r.limits.max_gpus &&
         held_by_user[r.uid] + given_to_user[r.uid] + r.needed > *r.limits.max_gpus;
-    if (r.details_pending && !held_back[index] && !over_gpu_limit) {
+    if (r.details_pending && !held_back && !over_gpu_limit) {
       // Only a GPU that nobody earlier was given or reserved can change anything now.
       bool takes_part = false;
       if (load && open_gpu_left()) {
@@ -202,7 +202,7 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
                       [&](const std::string& uuid) { return walk.count(uuid) > 0; });
     const bool servable_ever = static_cast<std::size_t>(present) >= r.needed &&
                                (!r.named_gpus || present == static_cast<long>(r.candidates.size()));
-    if (held_back[index]) {
+    if (held_back) {
       placement.standing = QueueStanding::kOverWaitingLimit;
       placement.may_enter = may_enter[index];
     } else if (over_gpu_limit) {
