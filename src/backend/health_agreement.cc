@@ -3,7 +3,7 @@
 
 #include <map>
 #include <string>
-#include <utility>
+#include <string_view>
 
 #include "backend/device_fitness.h"
 #include "backend/queue_request.h"

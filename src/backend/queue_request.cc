@@ -31,12 +31,8 @@ Ticket ticket_for_request(const LeaseRequest& request, std::size_t needed,
 }
 
 PlanRequest plan_request_for(const Ticket& t, const Config& config) {
-  return plan_request_for(t, config.limits_for(t.user));
-}
-
-PlanRequest plan_request_for(const Ticket& t, const UserLimits& limits) {
   PlanRequest r;
-  fill_plan_request(t, limits, r);
+  fill_plan_request(t, config.limits_for(t.user), r);
   return r;
 }
 

@@ -19,11 +19,10 @@ namespace gpulock {
 Ticket ticket_for_request(const LeaseRequest& request, std::size_t needed, const std::string& user);
 // A ticket as the planner sees it (without health and fair-share history).
 PlanRequest plan_request_for(const Ticket& ticket, const Config& config);
-// The same, with its user's limits looked up already.
-PlanRequest plan_request_for(const Ticket& ticket, const UserLimits& limits);
-// The same, written into `r`, a default PlanRequest (one just placed in a vector): a plan makes
-// one per waiter, thousands, and a returned one would be moved and destroyed once more each.
-// Inline, so that a plan writes the fields straight into place.
+// The same, with its user's limits looked up already, written into `r`, a default PlanRequest
+// (one just placed in a vector): a plan makes one per waiter, thousands, and a returned one
+// would be moved and destroyed once more each. Inline, so that a plan writes the fields straight
+// into place.
 inline void fill_plan_request(const Ticket& t, const UserLimits& limits, PlanRequest& r) {
   r.seq = t.seq;
   r.uid = t.uid;
