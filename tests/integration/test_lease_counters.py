@@ -158,12 +158,20 @@ def test_serve_counts_incrementally_across_rotation_and_a_killed_job(gl):
 
 def test_redis_released_and_lost_leases_are_counted_by_metrics_and_serve(rw):
     gl = rw.gl
-    env = rw.env(ttl="30s")  # renewals every 10 s: time to take the holder's GPU first
     rw.register("node-a", gpus=1, ttl="30s")
+    # Made after register(), so that its processes have node-a's one GPU (the default is 4:
+    # the intruder could then take another GPU and leave the holder's lease alone).
+    env = rw.env(ttl="30s")  # renewals every 10 s: time to take the holder's GPU first
     ok = rw.run("run", "-n", "1", "--", "true", env=env)
     assert ok.returncode == 0, ok.stderr
     server = start_serve(gl, env)
     holder = rw.hold("-n", "1", env=env)
+    # `gpulock run` renews at once when it adds its command to the record: wait for that
+    # renewal, which would otherwise put the deleted key back before the intruder takes it.
+    member = '{"pid":%d,' % holder.command_pid
+    wait_until(lambda: member in (rw.server.command(
+        "HGET", rw.lease_key(holder.lease_id), "record") or ""),
+        timeout=HANG, what="the holder's record naming its command")
     # Its lock key goes and another lease takes the GPU: the holder finds its lease lost.
     rw.server.command("DEL", rw.lock_key(holder.gpus[0]))
     intruder = rw.hold("-n", "1", env=env)
