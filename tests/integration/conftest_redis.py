@@ -228,6 +228,15 @@ class RedisWorld:
         assert LEASE_ID.fullmatch(holder.lease_id), holder.lease_id
         return holder
 
+    def wait_for_command_in_record(self, holder):
+        """Waits until the holder's lease record names its command. `gpulock run` renews at once
+        when it adds the command to the record: a test that takes the holder's lock key away
+        waits for that renewal first, or the renewal may put the key back."""
+        member = '{"pid":%d,' % holder.command_pid
+        wait_until(lambda: member in (self.server.command(
+            "HGET", self.lease_key(holder.lease_id), "record") or ""),
+            timeout=HANG, what="the holder's record naming its command")
+
     def run_no_wait(self, *selection, host="node-a", env=None):
         """`gpulock run SELECTION --no-wait -- true`: its CompletedProcess."""
         return self.run("run", *selection, "--no-wait", "--", "true", host=host, env=env)

@@ -313,14 +313,16 @@ def test_journal_off(gl):
 # -- Redis ----------------------------------------------------------------------------------------
 
 def test_redis_released_and_lost_leases_are_recorded(rw):
-    env = rw.env(ttl="30s")  # renewals every 10 s: time to take the holder's GPU first
     rw.register("node-a", gpus=1, ttl="30s")
+    # After register(): its processes then have node-a's one GPU, not the default 4.
+    env = rw.env(ttl="30s")  # renewals every 10 s: time to take the holder's GPU first
     ok = rw.run("run", "-n", "1", "--label", "r", "--", "sh", "-c", "echo $GPULOCK_LEASE_ID",
                 env=env)
     assert ok.returncode == 0, ok.stderr
     released = ok.stdout.strip()
 
     holder = rw.hold("-n", "1", env=env)
+    rw.wait_for_command_in_record(holder)
     # Its lock key goes, and another lease takes the GPU: the holder finds its lease lost at
     # its next renewal (and never steals it back).
     rw.server.command("DEL", rw.lock_key(holder.gpus[0]))

@@ -166,12 +166,7 @@ def test_redis_released_and_lost_leases_are_counted_by_metrics_and_serve(rw):
     assert ok.returncode == 0, ok.stderr
     server = start_serve(gl, env)
     holder = rw.hold("-n", "1", env=env)
-    # `gpulock run` renews at once when it adds its command to the record: wait for that
-    # renewal, which would otherwise put the deleted key back before the intruder takes it.
-    member = '{"pid":%d,' % holder.command_pid
-    wait_until(lambda: member in (rw.server.command(
-        "HGET", rw.lease_key(holder.lease_id), "record") or ""),
-        timeout=HANG, what="the holder's record naming its command")
+    rw.wait_for_command_in_record(holder)
     # Its lock key goes and another lease takes the GPU: the holder finds its lease lost.
     rw.server.command("DEL", rw.lock_key(holder.gpus[0]))
     intruder = rw.hold("-n", "1", env=env)

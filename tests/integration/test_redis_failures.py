@@ -220,9 +220,11 @@ def test_restart_empty_mid_lease_holder_recreates_its_lease(rw):
 def test_restart_while_another_took_the_gpu_reports_loss(rw):
     """After an empty restart, if someone else leased the GPU before the holder renewed, the
     holder must not steal it back: it reports the loss (kill: the command is stopped)."""
-    env = rw.env(ttl="30s")  # the holder renews only every 10 s: time to take its GPU first
     uuids = rw.register("node-a", gpus=1, ttl="30s")
+    # After register(): its processes then have node-a's one GPU, not the default 4.
+    env = rw.env(ttl="30s")  # the holder renews only every 10 s: time to take its GPU first
     holder = rw.hold("-n", "1", "--on-lease-loss", "kill", env=env)
+    rw.wait_for_command_in_record(holder)
     rw.server.restart()
     intruder = rw.hold("-n", "1", env=env)
     assert intruder.gpus == uuids
