@@ -59,16 +59,15 @@ std::string make_lease_id() {
 
 bool is_lease_id(std::string_view text) {
   if (text.size() != 16) return false;
-  // A table and no branch per character: the queue checks thousands of ids per plan.
-  static constexpr std::array<bool, 256> kLowerHex = [] {
-    std::array<bool, 256> table{};
-    for (unsigned char c = '0'; c <= '9'; ++c) table[c] = true;
-    for (unsigned char c = 'a'; c <= 'f'; ++c) table[c] = true;
-    return table;
-  }();
-  bool valid = true;
-  for (const char c : text) valid &= kLowerHex[static_cast<unsigned char>(c)];
-  return valid;
+  // All sixteen characters at once (GCC's vector extension, on any target): the queue checks
+  // thousands of ids per plan. As signed bytes, anything from 0x80 up is below '0'.
+  using Bytes = signed char __attribute__((vector_size(16)));
+  Bytes chars;
+  std::memcpy(&chars, text.data(), sizeof chars);
+  const Bytes hex = ((chars >= '0') & (chars <= '9')) | ((chars >= 'a') & (chars <= 'f'));
+  std::uint64_t halves[2];
+  std::memcpy(halves, &hex, sizeof halves);
+  return (halves[0] & halves[1]) == ~std::uint64_t{0};
 }
 
 }  // namespace gpulock

@@ -25,6 +25,25 @@ TEST(LeaseId, HasTheFormAndDoesNotRepeat) {
   EXPECT_TRUE(seen.insert(from_thread).second) << from_thread;
 }
 
+// Every byte value at every position: only 0-9 and a-f make an id (the queue's index is
+// world-writable, and an id names files).
+TEST(LeaseId, OnlySixteenLowercaseHexDigitsAreAnId) {
+  const std::string valid = "0123456789abcdef";
+  ASSERT_TRUE(is_lease_id(valid));
+  for (std::size_t position = 0; position < valid.size(); ++position) {
+    for (int byte = 0; byte < 256; ++byte) {
+      std::string id = valid;
+      id[position] = static_cast<char>(byte);
+      const bool hex = (byte >= '0' && byte <= '9') || (byte >= 'a' && byte <= 'f');
+      EXPECT_EQ(is_lease_id(id), hex) << "byte " << byte << " at " << position;
+    }
+  }
+  EXPECT_FALSE(is_lease_id(""));
+  EXPECT_FALSE(is_lease_id(valid.substr(1)));
+  EXPECT_FALSE(is_lease_id(valid + "0"));
+  EXPECT_FALSE(is_lease_id("0123456789ABCDEF"));
+}
+
 TEST(LeaseId, AForkChildDoesNotRepeatItsParentsNextIds) {
   (void)make_lease_id();  // the parent's buffer holds its next ids
   int fds[2];
