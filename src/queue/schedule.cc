@@ -19,12 +19,19 @@ struct OrderKey {
   auto tie() const { return std::tie(priority_class, share, last_served, seq); }
 };
 
-}  // namespace
-
-std::uint32_t PlanRequest::units_on(std::uint32_t total_units) const {
+// The memory units a request of `shared_units` (or else `shared_slots`) wants on a GPU of
+// `total_units`; 0 for a request of whole GPUs.
+std::uint32_t shared_units_on(std::uint32_t shared_units, std::uint32_t shared_slots,
+                              std::uint32_t total_units) {
   if (shared_units > 0) return shared_units;
   if (shared_slots == 0) return 0;
   return std::max<std::uint32_t>(1, total_units / shared_slots);
+}
+
+}  // namespace
+
+std::uint32_t PlanRequest::units_on(std::uint32_t total_units) const {
+  return shared_units_on(shared_units, shared_slots, total_units);
 }
 
 const Placement& Plan::of(std::size_t request) const {
@@ -38,9 +45,22 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   return plan_queue(policy, gpus, copy, distance, RequestLoader());
 }
 
-Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
-                std::vector<PlanRequest>& requests, const DistanceFunction& distance,
-                const RequestLoader& load) {
+OrderInput OrderInput::of(const PlanRequest& r) {
+  OrderInput in;
+  in.seq = r.seq;
+  in.uid = r.uid;
+  in.priority = r.priority;
+  in.needed = r.needed;
+  in.entered_over_limit = r.entered_over_limit;
+  in.shared_units = r.shared_units;
+  in.shared_slots = r.shared_slots;
+  in.max_waiting = r.limits.max_waiting;
+  in.user_last_served = r.user_last_served;
+  return in;
+}
+
+QueueOrder order_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
+                       const std::vector<OrderInput>& requests) {
   // Each user's requests by arrival; those beyond the user's max_waiting are held back. A queue
   // of thousands is mostly one user's: the map is looked up again only when the user changes.
   std::map<uid_t, std::vector<std::size_t>> by_user;
@@ -50,16 +70,13 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
       last_user_requests = &by_user[requests[i].uid];
     last_user_requests->push_back(i);
   }
-  // Whether each request that entered over the limit may enter now, as bytes (a vector<bool>
-  // costs a shift and mask per look). Whether a request is held back is in its Sortable.
-  std::vector<char> may_enter(requests.size(), false);
-  std::map<uid_t, std::uint64_t> held_by_user;   // whole GPUs, for max_gpus
+  QueueOrder result;
+  // As bytes: a vector<bool> costs a shift and mask per look.
+  result.may_enter.assign(requests.size(), false);
+  result.held_back.assign(requests.size(), false);
   std::map<uid_t, std::uint64_t> share_by_user;  // in 1/kShareScale of a GPU, for fair share
   for (const auto& gpu : gpus) {
-    if (gpu.held && gpu.holder_uid) {
-      ++held_by_user[*gpu.holder_uid];
-      share_by_user[*gpu.holder_uid] += kShareScale;
-    }
+    if (gpu.held && gpu.holder_uid) share_by_user[*gpu.holder_uid] += kShareScale;
     for (const auto& [uid, part] : gpu.shared_by) share_by_user[uid] += part;
   }
 
@@ -67,11 +84,12 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   // its part of the largest GPU's memory.
   std::uint32_t largest_units = 0;
   for (const auto& gpu : gpus) largest_units = std::max(largest_units, gpu.total_units);
-  const auto weight_of = [&](const PlanRequest& r) -> std::uint64_t {
-    if (!r.shared() || largest_units == 0) return kShareScale;
+  const auto weight_of = [&](const OrderInput& r) -> std::uint64_t {
+    const std::uint32_t units = shared_units_on(r.shared_units, r.shared_slots, largest_units);
+    if (units == 0 || largest_units == 0) return kShareScale;
     return std::max<std::uint64_t>(
-        1, std::min<std::uint64_t>(kShareScale, std::uint64_t{r.units_on(largest_units)} *
-                                                    kShareScale / largest_units));
+        1,
+        std::min<std::uint64_t>(kShareScale, std::uint64_t{units} * kShareScale / largest_units));
   };
   // Sorted as one flat key per request (held-back ones last, by arrival), for a queue of
   // thousands sorted at every plan. Filled in per user below.
@@ -91,11 +109,12 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
     std::size_t taking_part = 0;
     bool some_entered_over_limit = false;
     for (std::size_t i : indices) {
-      const PlanRequest& r = requests[i];
-      const auto& max_waiting = r.limits.max_waiting;
+      const OrderInput& r = requests[i];
+      const auto& max_waiting = r.max_waiting;
       some_entered_over_limit |= r.entered_over_limit;
       if (r.entered_over_limit || (max_waiting && taking_part >= *max_waiting)) {
         sortable[i] = Sortable{true, OrderKey{0, 0, 0, r.seq}, i};
+        result.held_back[i] = true;
         continue;
       }
       ++taking_part;
@@ -112,9 +131,9 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
     // may enter. (taking_part: the user's requests not held back.)
     if (!some_entered_over_limit) continue;
     for (std::size_t i : indices) {
-      const auto& max_waiting = requests[i].limits.max_waiting;
+      const auto& max_waiting = requests[i].max_waiting;
       if (!requests[i].entered_over_limit || (max_waiting && taking_part >= *max_waiting)) continue;
-      may_enter[i] = true;
+      result.may_enter[i] = true;
       ++taking_part;
     }
   }
@@ -126,6 +145,26 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   // One user's queue (a sweep) is in order already: checking costs a tenth of sorting.
   if (!std::is_sorted(sortable.begin(), sortable.end(), goes_first))
     std::sort(sortable.begin(), sortable.end(), goes_first);
+  result.order.reserve(sortable.size());
+  for (const Sortable& in_order : sortable) result.order.push_back(in_order.index);
+  return result;
+}
+
+Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
+                std::vector<PlanRequest>& requests, const DistanceFunction& distance,
+                const RequestLoader& load) {
+  std::vector<OrderInput> inputs;
+  inputs.reserve(requests.size());
+  for (const PlanRequest& r : requests) inputs.push_back(OrderInput::of(r));
+  return plan_queue_in_order(gpus, requests, order_queue(policy, gpus, inputs), distance, load);
+}
+
+Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRequest>& requests,
+                         const QueueOrder& order, const DistanceFunction& distance,
+                         const RequestLoader& load, std::size_t prefix, bool* open_after) {
+  std::map<uid_t, std::uint64_t> held_by_user;  // whole GPUs, for max_gpus
+  for (const auto& gpu : gpus)
+    if (gpu.held && gpu.holder_uid) ++held_by_user[*gpu.holder_uid];
 
   // Walk the order over the GPUs. claimed: a GPU given or reserved (or held back) as a whole,
   // and to whom. Shared requests take units of GPUs that stay open to later shared requests.
@@ -172,9 +211,10 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   Plan plan;
   plan.position_of.assign(requests.size(), 0);
   plan.order.reserve(requests.size());
-  for (const Sortable& in_order : sortable) {
-    const std::size_t index = in_order.index;
-    const bool held_back = in_order.held_back;
+  for (std::size_t position = 0; position < order.order.size(); ++position) {
+    if (open_after && position == prefix) *open_after = open_gpu_left();
+    const std::size_t index = order.order[position];
+    const bool held_back = order.held_back[index] != 0;
     PlanRequest& r = requests[index];
     // Built in place (the order has room for every request): a plan places thousands.
     plan.position_of[index] = plan.order.size();
@@ -204,7 +244,7 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
                                (!r.named_gpus || present == static_cast<long>(r.candidates.size()));
     if (held_back) {
       placement.standing = QueueStanding::kOverWaitingLimit;
-      placement.may_enter = may_enter[index];
+      placement.may_enter = order.may_enter[index] != 0;
     } else if (over_gpu_limit) {
       placement.standing = QueueStanding::kOverGpuLimit;
     } else {
@@ -314,6 +354,7 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
       }
     }
   }
+  if (open_after && prefix >= order.order.size()) *open_after = open_gpu_left();
   return plan;
 }
 

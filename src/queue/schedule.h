@@ -137,6 +137,30 @@ struct Plan {
 Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
                 const std::vector<PlanRequest>& requests, const DistanceFunction& distance);
 
+// What ordering needs of a request (see plan_queue), and the order it gives: the same for a
+// queue of thousands whose other details are never read (LocalBackend plans only its head).
+struct OrderInput {
+  std::uint64_t seq = 0;
+  uid_t uid = 0;
+  Priority priority = Priority::kNormal;
+  unsigned needed = 1;
+  bool entered_over_limit = false;
+  std::uint32_t shared_units = 0;
+  std::uint32_t shared_slots = 0;
+  std::optional<unsigned> max_waiting;  // its user's limit
+  std::int64_t user_last_served = 0;
+  static OrderInput of(const PlanRequest& r);
+};
+
+struct QueueOrder {
+  std::vector<std::size_t> order;  // request indices in serving order, held-back ones last
+  std::vector<char> held_back;     // by request index: beyond its user's max_waiting
+  std::vector<char> may_enter;     // by request index: held back, and there is room for it now
+};
+
+QueueOrder order_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
+                       const std::vector<OrderInput>& requests);
+
 // Fills in a request whose details are pending (its candidates and health), and says whether it
 // still takes part: false for one found gone (its waiter ended), which then takes and reserves
 // nothing.
@@ -150,5 +174,15 @@ using RequestLoader = std::function<bool(std::size_t index, PlanRequest& request
 Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
                 std::vector<PlanRequest>& requests, const DistanceFunction& distance,
                 const RequestLoader& load);
+
+// The walk of plan_queue along an order made before (by order_queue, of these requests or of a
+// longer queue whose head they are). With `open_after`, also says whether some GPU was still
+// open (free and neither given nor reserved, or in shared use with memory left) once the first
+// `prefix` requests of the order were walked: if none was, no request further back in that
+// longer queue could have been served or reserved anything.
+Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRequest>& requests,
+                         const QueueOrder& order, const DistanceFunction& distance,
+                         const RequestLoader& load, std::size_t prefix = 0,
+                         bool* open_after = nullptr);
 
 }  // namespace gpulock
