@@ -74,8 +74,8 @@ Error not_served(const QueueSnapshot& snapshot, std::size_t me, bool waited,
     why += ": " + blocked_by;
   for (const auto& b : blocking) why += "\n  GPU " + b.display_index + ": " + b.reason;
   if (waited)
-    why += fmt::format("\n  (position {} of {} in the queue)", snapshot.plan.position_of[me] + 1,
-                       snapshot.tickets.size());
+    why += fmt::format("\n  (position {} of {} in the queue)", snapshot.position(me) + 1,
+                       snapshot.length());
   return Error(ErrorCode::kTimedOut, why);
 }
 
@@ -109,7 +109,7 @@ std::vector<BlockingGpu> QueueSnapshot::blocking(std::size_t ticket) const {
         break;
       case Obstacle::Kind::kReserved:
         b.reason = fmt::format("reserved for {} (position {})", request_summary(tickets[*o.by]),
-                               plan.position_of[*o.by] + 1);
+                               position(*o.by) + 1);
         break;
       case Obstacle::Kind::kGiven:
         b.reason = "being taken by " + request_summary(tickets[*o.by]);

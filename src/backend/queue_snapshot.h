@@ -29,6 +29,19 @@ struct QueueSnapshot {
   std::vector<std::map<std::string, std::string>> unhealthy_reasons;
   Plan plan;
   std::vector<std::string> warnings;
+  // Where only the head of a long queue was planned (the local backend's acquire: see
+  // LocalBackend::plan): the requests in the whole queue, the place of each planned one in its
+  // order, and the waiters outside the head that may register again (room in the queue now).
+  // Empty: the plan covers the whole queue.
+  std::size_t queue_length = 0;
+  std::vector<std::size_t> place_in_queue;  // parallel to tickets
+  std::vector<TicketId> may_enter_beyond_head;
+
+  // The place of a request in the whole queue's order (0 first), and the queue's length.
+  std::size_t position(std::size_t ticket) const {
+    return place_in_queue.empty() ? plan.position_of[ticket] : place_in_queue[ticket];
+  }
+  std::size_t length() const { return place_in_queue.empty() ? tickets.size() : queue_length; }
 
   // Index of a GPU by UUID, or -1.
   int gpu_index(const std::string& uuid) const;

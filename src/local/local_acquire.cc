@@ -125,9 +125,9 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   // The waiters that follow releases (the oldest kDispatchers), as this waiter last saw them.
   // Whoever sees a waiter join that pair wakes it, since nothing else tells it of its new role.
   std::vector<std::string> seen_dispatchers;
-  const auto tell_new_dispatchers = [&](std::span<const Ticket> live, bool leaving) {
+  const auto tell_new_dispatchers = [&](std::span<const IndexEntry> live, bool leaving) {
     std::vector<std::string> now;
-    for (const Ticket& t : live) {
+    for (const IndexEntry& t : live) {
       if (now.size() == kDispatchers) break;
       if (!(leaving && t.id == wanted.id)) now.push_back(t.id);
     }
@@ -221,7 +221,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       }
       QueueDirectory::Listing listing = list_queue_index();
       // Holder records are read only when someone's share or limit depends on them.
-      const bool others_wait = listing.live.size() > (ticket ? 1u : 0u);
+      const bool others_wait = listing.index.size() > (ticket ? 1u : 0u);
 
       // The common case, one GPU of any with nobody waiting and no limits: the first free
       // healthy candidate is the plan's choice, so probe no further than that.
@@ -277,8 +277,8 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
           for (const IndexEntry& entry : gone) removed |= queue->remove_dead(entry);
         if (removed) continue;
       }
-      // The live waiters as listed (plan() moved them into the snapshot, before the newcomer).
-      const std::span<const Ticket> live(snapshot.tickets.data(), listing.index.size());
+      // The live waiters as listed, by arrival.
+      const std::vector<IndexEntry>& live = listing.index;
       me = 0;
       while (me < snapshot.tickets.size() && snapshot.tickets[me].id != wanted.id) ++me;
       if (me == snapshot.tickets.size()) {
@@ -287,8 +287,9 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         continue;
       }
       planned = true;
-      shared_in_queue = std::any_of(snapshot.tickets.begin(), snapshot.tickets.end(),
-                                    [](const Ticket& t) { return t.shared(); });
+      shared_in_queue = wanted.shared() || std::any_of(live.begin(), live.end(), [](const auto& e) {
+                          return e.shared_units > 0 || e.shared_slots > 0;
+                        });
 
       // A lock file that cannot be used (a planted symlink, ...) rules its GPU out.
       std::size_t unusable = 0;
@@ -309,6 +310,8 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
             placement.request != me)
           if (QueueDirectory* queue = queue_dir(false))
             queue->wake(snapshot.tickets[placement.request].id);
+      for (const TicketId& id : snapshot.may_enter_beyond_head)
+        if (QueueDirectory* queue = queue_dir(false)) queue->wake(id);
 
       const Placement& mine = snapshot.plan.of(me);
       if (mine.standing == QueueStanding::kNext) {
@@ -359,7 +362,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       if (request.wait && !ticket) {
         // Over the waiting limit, the request still waits, outside the queue's order, and
         // joins it when there is room; with a limit of 0 it could never join.
-        const auto waiting_now = std::count_if(live.begin(), live.end(), [&](const Ticket& t) {
+        const auto waiting_now = std::count_if(live.begin(), live.end(), [&](const IndexEntry& t) {
           return t.uid == wanted.uid && !t.entered_over_limit;
         });
         const bool over_limit =
@@ -404,7 +407,8 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         if (watched < live.size() && watched < listing.index.size()) {
           // Watch first, then check it still waits, so that its ending is never missed (and a
           // reused pid is never mistaken for it).
-          const bool watchable = channel->watch_process(live[watched].process);
+          const bool watchable =
+              channel->watch_process(ProcessId{live[watched].pid, live[watched].pid_start});
           if (!queue.is_live(live[watched].id)) {
             watched_gone = listing.index[watched];  // cleared at once, then planned again
             continue;
@@ -445,7 +449,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     }
     const Placement& mine = snapshot.plan.of(me);
     const std::string blocked_by = snapshot.blocked_by(me, config_);
-    const int position = static_cast<int>(snapshot.plan.position_of[me]) + 1;
+    const int position = static_cast<int>(snapshot.position(me)) + 1;
     if (!request.wait || Clock::now() >= deadline)
       throw not_served(snapshot, me, request.wait, blocking, blocked_by);
     if (hooks.on_progress) {
@@ -453,7 +457,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       if (signature != last_progress || hooks.progress_refresh) {
         last_progress = signature;
         hooks.on_progress(WaitProgress{Clock::now() - start, blocking, position,
-                                       static_cast<int>(snapshot.tickets.size()), mine.standing,
+                                       static_cast<int>(snapshot.length()), mine.standing,
                                        blocked_by});
       }
     }

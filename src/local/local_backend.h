@@ -90,16 +90,28 @@ class LocalBackend final : public LeaseBackend {
   // A GPU's lock file, read without taking anything; its record only if `with_record`.
   LockState probe(const std::string& uuid, bool with_record) const;
 
-  // Plans the queue: the live tickets of `listing`, plus `newcomer` (a request not registered
-  // yet, placed as if it registered now) when given. `devices` is a fresh inventory.
-  // A listing from the index (list_index) has only what orders the queue: tickets' details are
-  // read as the plan reaches them, `own` (our registered ticket, if any) stands in for ours, and
-  // waiters found gone meanwhile are added to `gone`. The listing's live tickets move into the
-  // snapshot (its first listing.index.size() tickets when listed from the index), so as not to
-  // copy thousands of them: the rest of the listing stays.
+  // Plans the queue. `devices` is a fresh inventory. For people (neither `newcomer` nor `own`):
+  // the whole queue, from the live tickets of a listing from list(), which move into the
+  // snapshot. For an acquire, with plan_head(): from a listing from the index (list_index),
+  // plus `newcomer` (a request not registered yet, placed as if it registered now) when given;
+  // `own` (our registered ticket, if any) stands in for ours; tickets' details are read as the
+  // plan reaches them, and waiters found gone meanwhile are added to `gone`.
   QueueSnapshot plan(const std::vector<Device>& devices, QueueDirectory::Listing& listing,
                      const Ticket* newcomer, const Ticket* own, bool with_records,
                      std::vector<IndexEntry>* gone = nullptr);
+  // The plan of an acquire (with `newcomer` or `own`), from the index: the whole queue is
+  // ordered from its index slots, but tickets and plan requests are made only for the head of
+  // that order, up to where no GPU is open any more, and for ours (see QueueSnapshot's
+  // place_in_queue). So a plan's cost beyond one pass over the slots follows the requests
+  // ahead of the last free GPU, not the length of the queue.
+  QueueSnapshot plan_head(const std::vector<Device>& devices,
+                          const QueueDirectory::Listing& listing, const Ticket* newcomer,
+                          const Ticket* own, bool with_records, std::vector<IndexEntry>* gone);
+  // The machine's GPUs as a plan sees them (held, by whom, room for shared leases).
+  void plan_gpus(const std::vector<Device>& devices, bool any_shared, bool with_records,
+                 QueueSnapshot& snapshot);
+  PlanRequest plan_request(const Ticket& t, const UserLimits& limits,
+                           std::int64_t user_last_served) const;
   // The queue as people see it; `devices` when the caller has a fresh inventory already.
   QueueStatus queue_status(const std::vector<Device>* devices = nullptr);
   // `gpulock doctor`'s check of the usage journal's directory.

@@ -18,27 +18,17 @@ const std::string& LocalBackend::user_of(uid_t uid) {
   return it->second;
 }
 
-QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
-                                 QueueDirectory::Listing& listing, const Ticket* newcomer,
-                                 const Ticket* own, bool with_records,
-                                 std::vector<IndexEntry>* gone) {
-  QueueSnapshot snapshot;
-  snapshot.tickets = std::move(listing.live);
-  listing.live.clear();
-  snapshot.warnings = listing.warnings;
-  if (newcomer) {
-    snapshot.tickets.push_back(*newcomer);
-    snapshot.tickets.back().seq = listing.highest_seq + 1;
-  }
+namespace {
 
-  // GPUs are read for shared requests (free memory units, shared jobs) only when one takes part.
-  bool any_shared = false;
-  for (const Ticket& t : snapshot.tickets) any_shared |= t.shared();
-  any_shared |= own && own->shared();
+// The first plan of a long queue covers this many requests of its order; twice as many each
+// time GPUs are still open behind them.
+constexpr std::size_t kFirstHead = 32;
 
-  std::map<std::string, const Device*> by_uuid;
+}  // namespace
+
+void LocalBackend::plan_gpus(const std::vector<Device>& devices, bool any_shared, bool with_records,
+                             QueueSnapshot& snapshot) {
   for (const auto& d : devices) {
-    by_uuid[d.uuid] = &d;
     PlannedGpu gpu{d.uuid, false, std::nullopt};
     LockState p = probe(d.uuid, with_records);
     gpu.held = p.locked || !p.error.empty();
@@ -60,6 +50,36 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
     snapshot.locks.push_back(std::move(p));
     snapshot.gpu_names.push_back(d.display_index());
   }
+}
+
+PlanRequest LocalBackend::plan_request(const Ticket& t, const UserLimits& limits,
+                                       std::int64_t user_last_served) const {
+  PlanRequest r;
+  fill_plan_request(t, limits, r);
+  if (t.shared_slots > 0) r.job_cap = t.shared_slots;
+  if (config_.max_jobs_per_gpu)
+    r.job_cap =
+        r.job_cap ? std::min(*r.job_cap, *config_.max_jobs_per_gpu) : *config_.max_jobs_per_gpu;
+  r.user_last_served = user_last_served;
+  return r;
+}
+
+QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
+                                 QueueDirectory::Listing& listing, const Ticket* newcomer,
+                                 const Ticket* own, bool with_records,
+                                 std::vector<IndexEntry>* gone) {
+  if (newcomer || own) return plan_head(devices, listing, newcomer, own, with_records, gone);
+  QueueSnapshot snapshot;
+  snapshot.tickets = std::move(listing.live);
+  listing.live.clear();
+  snapshot.warnings = listing.warnings;
+
+  // GPUs are read for shared requests (free memory units, shared jobs) only when one takes part.
+  bool any_shared = false;
+  for (const Ticket& t : snapshot.tickets) any_shared |= t.shared();
+  plan_gpus(devices, any_shared, with_records, snapshot);
+  std::map<std::string, const Device*> by_uuid;
+  for (const auto& d : devices) by_uuid[d.uuid] = &d;
   const auto device_of = [&](const std::string& u) -> const Device* {
     const auto it = by_uuid.find(u);
     return it == by_uuid.end() ? nullptr : it->second;
@@ -68,63 +88,184 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
   std::vector<PlanRequest> requests;
   requests.reserve(snapshot.tickets.size());
   snapshot.unhealthy_reasons.resize(snapshot.tickets.size());
-  // A queue of thousands is mostly one user's: look the name and limits up once per user.
-  std::optional<uid_t> last_uid;
-  std::string last_user;
-  UserLimits last_limits;
-  std::int64_t last_served_at = 0;
-  const std::size_t tickets = snapshot.tickets.size(), listed = listing.index.size();
-  for (std::size_t i = 0; i < tickets; ++i) {
+  for (std::size_t i = 0; i < snapshot.tickets.size(); ++i) {
     Ticket& t = snapshot.tickets[i];
-    // Tickets listed from the index carry only what orders the queue, except our own.
-    const bool from_index = i < listed;
-    const bool is_own = from_index && own && t.id == own->id;
-    if (is_own) t = *own;
-    if (last_uid != t.uid) {
-      last_uid = t.uid;
-      last_user = user_of(t.uid);  // the name this machine gives the ticket's owner
-      last_limits = config_.limits_for(last_user);
-      const auto it = listing.last_served.find(t.uid);
-      last_served_at = it == listing.last_served.end() ? 0 : it->second;
-    }
-    t.user = last_user;
-    PlanRequest& r = requests.emplace_back();  // in place: `requests` has room for every ticket
-    fill_plan_request(t, last_limits, r);
-    if (t.shared_slots > 0) r.job_cap = t.shared_slots;
-    if (config_.max_jobs_per_gpu)
-      r.job_cap =
-          r.job_cap ? std::min(*r.job_cap, *config_.max_jobs_per_gpu) : *config_.max_jobs_per_gpu;
-    r.details_pending = from_index && !is_own;
-    // A request that has not registered does not wait yet: the waiting limit is not its
-    // concern until it must (acquire() decides then).
-    if (newcomer && i + 1 == tickets) r.limits.max_waiting.reset();
-    r.user_last_served = last_served_at;
-    if (!r.details_pending) {
-      snapshot.unhealthy_reasons[i] = unhealthy_candidates(t, device_of);
-      for (const auto& [uuid, reason] : snapshot.unhealthy_reasons[i]) r.unhealthy.push_back(uuid);
-    }
-  }
-  // A ticket's details, read when the plan reaches it; a waiter found gone is reported.
-  const auto load = [&](std::size_t i, PlanRequest& r) {
-    QueueDirectory* queue = queue_dir(false);
-    std::optional<Ticket> full = queue ? queue->read_ticket(listing.index[i]) : std::nullopt;
-    if (!full) {
-      if (gone) gone->push_back(listing.index[i]);
-      return false;
-    }
-    Ticket& t = snapshot.tickets[i];
-    const std::string user = t.user;
-    t = std::move(*full);
-    t.user = user;
-    r.candidates = t.candidates;
-    r.spread = t.spread;
+    t.user = user_of(t.uid);  // the name this machine gives the ticket's owner
+    const auto it = listing.last_served.find(t.uid);
+    requests.push_back(plan_request(t, config_.limits_for(t.user),
+                                    it == listing.last_served.end() ? 0 : it->second));
     snapshot.unhealthy_reasons[i] = unhealthy_candidates(t, device_of);
-    for (const auto& [uuid, reason] : snapshot.unhealthy_reasons[i]) r.unhealthy.push_back(uuid);
-    return true;
-  };
+    for (const auto& [uuid, reason] : snapshot.unhealthy_reasons[i])
+      requests.back().unhealthy.push_back(uuid);
+  }
   snapshot.plan = plan_queue(
       config_.policy, snapshot.gpus, requests,
-      [this](const std::string& a, const std::string& b) { return source_->distance(a, b); }, load);
+      [this](const std::string& a, const std::string& b) { return source_->distance(a, b); },
+      RequestLoader());
+  return snapshot;
+}
+
+QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
+                                      const QueueDirectory::Listing& listing,
+                                      const Ticket* newcomer, const Ticket* own, bool with_records,
+                                      std::vector<IndexEntry>* gone) {
+  QueueSnapshot snapshot;
+  snapshot.warnings = listing.warnings;
+  const std::vector<IndexEntry>& queued = listing.index;
+  const std::size_t total = queued.size() + (newcomer ? 1 : 0);
+
+  // GPUs are read for shared requests (free memory units, shared jobs) only when one takes part.
+  bool any_shared = (newcomer && newcomer->shared()) || (own && own->shared());
+  for (const IndexEntry& e : queued) any_shared |= e.shared_units > 0 || e.shared_slots > 0;
+  plan_gpus(devices, any_shared, with_records, snapshot);
+  std::map<std::string, const Device*> by_uuid;
+  for (const auto& d : devices) by_uuid[d.uuid] = &d;
+  const auto device_of = [&](const std::string& u) -> const Device* {
+    const auto it = by_uuid.find(u);
+    return it == by_uuid.end() ? nullptr : it->second;
+  };
+
+  // Which request is ours: the newcomer (last), or our registered ticket.
+  std::size_t me = total;
+  if (newcomer) {
+    me = queued.size();
+  } else {
+    for (std::size_t i = 0; i < queued.size() && me == total; ++i)
+      if (queued[i].id == own->id) me = i;
+    // Not in the queue (root removed it): the snapshot does not have it, and the caller
+    // registers again.
+  }
+  Ticket newcomer_ticket;
+  if (newcomer) {
+    newcomer_ticket = *newcomer;
+    newcomer_ticket.seq = listing.highest_seq + 1;
+  }
+
+  // What orders the queue, for every request: per user, looked up when the user changes (a
+  // queue of thousands is mostly one user's).
+  struct UserFacts {
+    std::string name;
+    UserLimits limits;
+    std::int64_t last_served = 0;
+  };
+  std::map<uid_t, UserFacts> users;
+  const auto facts_of = [&](uid_t uid) -> const UserFacts& {
+    auto [it, added] = users.try_emplace(uid);
+    if (added) {
+      it->second.name = user_of(uid);
+      it->second.limits = config_.limits_for(it->second.name);
+      const auto served = listing.last_served.find(uid);
+      it->second.last_served = served == listing.last_served.end() ? 0 : served->second;
+    }
+    return it->second;
+  };
+  std::vector<OrderInput> inputs(total);
+  const UserFacts* facts = nullptr;
+  for (std::size_t i = 0; i < queued.size(); ++i) {
+    const IndexEntry& e = queued[i];
+    if (i == 0 || e.uid != queued[i - 1].uid) facts = &facts_of(e.uid);
+    OrderInput& in = inputs[i];
+    in.seq = e.seq;
+    in.uid = e.uid;
+    in.priority = e.priority;
+    in.needed = e.needed;
+    in.entered_over_limit = e.entered_over_limit;
+    in.shared_units = e.shared_units;
+    in.shared_slots = e.shared_slots;
+    in.max_waiting = facts->limits.max_waiting;
+    in.user_last_served = facts->last_served;
+  }
+  if (newcomer) {
+    const UserFacts& mine = facts_of(newcomer_ticket.uid);
+    OrderInput& in = inputs.back();
+    in.seq = newcomer_ticket.seq;
+    in.uid = newcomer_ticket.uid;
+    in.priority = newcomer_ticket.priority;
+    in.needed = newcomer_ticket.needed;
+    in.shared_units = newcomer_ticket.shared_units;
+    in.shared_slots = newcomer_ticket.shared_slots;
+    // A request that has not registered does not wait yet: the waiting limit is not its
+    // concern until it must (acquire() decides then).
+    in.max_waiting.reset();
+    in.user_last_served = mine.last_served;
+  }
+  const QueueOrder order = order_queue(config_.policy, snapshot.gpus, inputs);
+  std::size_t my_place = total;
+  for (std::size_t k = 0; k < total && my_place == total; ++k)
+    if (order.order[k] == me) my_place = k;
+
+  // Plan the head of that order: a request further back can only wait once no GPU is open
+  // behind the head (the plan reads its details, and makes its ticket, only in the head). The
+  // head doubles while GPUs stay open behind it.
+  const std::size_t gone_before = gone ? gone->size() : 0;
+  const auto distance = [this](const std::string& a, const std::string& b) {
+    return source_->distance(a, b);
+  };
+  std::size_t head = std::min(total, kFirstHead);
+  for (;; head = std::min(total, head * 2)) {
+    if (gone) gone->resize(gone_before);
+    // The head's requests in order, then ours if it is further back.
+    std::vector<std::size_t> members(order.order.begin(), order.order.begin() + head);
+    if (my_place >= head && my_place < total) members.push_back(me);
+    snapshot.tickets.clear();
+    snapshot.unhealthy_reasons.assign(members.size(), {});
+    snapshot.place_in_queue.clear();
+    std::vector<PlanRequest> requests;
+    requests.reserve(members.size());
+    QueueOrder head_order;
+    for (std::size_t k = 0; k < members.size(); ++k) {
+      const std::size_t i = members[k];
+      const bool is_newcomer = newcomer && i == queued.size();
+      const bool is_own = !is_newcomer && i == me;
+      Ticket t = is_newcomer ? newcomer_ticket : is_own ? *own : ticket_of(queued[i]);
+      const UserFacts& user = facts_of(t.uid);
+      t.user = user.name;
+      PlanRequest r = plan_request(t, user.limits, user.last_served);
+      r.details_pending = !is_newcomer && !is_own;
+      if (is_newcomer) r.limits.max_waiting.reset();
+      if (!r.details_pending) {
+        snapshot.unhealthy_reasons[k] = unhealthy_candidates(t, device_of);
+        for (const auto& [uuid, reason] : snapshot.unhealthy_reasons[k])
+          r.unhealthy.push_back(uuid);
+      }
+      snapshot.tickets.push_back(std::move(t));
+      requests.push_back(std::move(r));
+      snapshot.place_in_queue.push_back(k < head ? k : my_place);
+      head_order.order.push_back(k);
+      head_order.held_back.push_back(order.held_back[i]);
+      head_order.may_enter.push_back(order.may_enter[i]);
+    }
+    // A ticket's details, read when the plan reaches it; a waiter found gone is reported.
+    const auto load = [&](std::size_t k, PlanRequest& r) {
+      const IndexEntry& entry = queued[members[k]];
+      QueueDirectory* queue = queue_dir(false);
+      std::optional<Ticket> full = queue ? queue->read_ticket(entry) : std::nullopt;
+      if (!full) {
+        if (gone) gone->push_back(entry);
+        return false;
+      }
+      Ticket& t = snapshot.tickets[k];
+      const std::string user = t.user;
+      t = std::move(*full);
+      t.user = user;
+      r.candidates = t.candidates;
+      r.spread = t.spread;
+      snapshot.unhealthy_reasons[k] = unhealthy_candidates(t, device_of);
+      for (const auto& [uuid, reason] : snapshot.unhealthy_reasons[k]) r.unhealthy.push_back(uuid);
+      return true;
+    };
+    bool open_behind = false;
+    snapshot.plan = plan_queue_in_order(snapshot.gpus, requests, head_order, distance, load, head,
+                                        &open_behind);
+    if (!open_behind || head == total) break;
+  }
+  snapshot.queue_length = total;
+  // Held-back requests come last: those with room now are usually behind the head.
+  for (std::size_t k = head; k < total; ++k) {
+    const std::size_t i = order.order[k];
+    if (order.may_enter[i] && i != me && i < queued.size())
+      snapshot.may_enter_beyond_head.push_back(queued[i].id);
+  }
   return snapshot;
 }
 

@@ -332,27 +332,27 @@ QueueIndex& QueueDirectory::index() const {
   return *index_;
 }
 
+Ticket ticket_of(const IndexEntry& e) {
+  Ticket t;
+  t.id = e.id;
+  t.seq = e.seq;
+  t.uid = e.uid;
+  t.process.pid = e.pid;
+  t.process.start_ticks = e.pid_start;
+  t.priority = e.priority;
+  t.needed = e.needed;
+  t.named_gpus = e.named_gpus;
+  t.entered_over_limit = e.entered_over_limit;
+  t.shared_units = e.shared_units;
+  t.shared_slots = e.shared_slots;
+  return t;
+}
+
 QueueDirectory::Listing QueueDirectory::list_index() const {
   Listing listing;
   listing.contents = index().read();
   listing.highest_seq = listing.contents.next_seq - 1;
   listing.index = std::move(listing.contents.entries);  // enter() needs only the rest
-  // One more: a plan appends the newcomer (moving thousands of tickets would cost more).
-  listing.live.reserve(listing.index.size() + 1);
-  for (const IndexEntry& e : listing.index) {
-    Ticket& t = listing.live.emplace_back();
-    t.id = e.id;
-    t.seq = e.seq;
-    t.uid = e.uid;
-    t.process.pid = e.pid;
-    t.process.start_ticks = e.pid_start;
-    t.priority = e.priority;
-    t.needed = e.needed;
-    t.named_gpus = e.named_gpus;
-    t.entered_over_limit = e.entered_over_limit;
-    t.shared_units = e.shared_units;
-    t.shared_slots = e.shared_slots;
-  }
   read_last_served(listing);
   return listing;
 }
@@ -424,19 +424,22 @@ bool QueueDirectory::remove_dead(const IndexEntry& entry) const {
 
 void QueueDirectory::read_last_served(Listing& listing) const {
   // A queue of thousands is mostly one user's: the map is looked up when the user changes.
-  const Ticket* previous = nullptr;
-  for (const Ticket& t : listing.live) {
-    const bool same_user = previous && previous->uid == t.uid;
-    previous = &t;
-    if (same_user || listing.last_served.count(t.uid)) continue;
+  std::optional<uid_t> previous;
+  const auto note = [&](uid_t uid) {
+    const bool same_user = previous == uid;
+    previous = uid;
+    if (same_user || listing.last_served.count(uid)) return;
     // Only the user's own file counts: anyone could plant one under another user's name.
     struct stat st {};
-    const std::string name = "served-" + std::to_string(t.uid);
+    const std::string name = "served-" + std::to_string(uid);
     const bool valid = ::fstatat(fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                       S_ISREG(st.st_mode) && st.st_uid == t.uid;
-    listing.last_served[t.uid] =
+                       S_ISREG(st.st_mode) && st.st_uid == uid;
+    listing.last_served[uid] =
         valid ? static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec : 0;
-  }
+  };
+  // From the index (list_index) or from the tickets (list).
+  for (const IndexEntry& e : listing.index) note(e.uid);
+  for (const Ticket& t : listing.live) note(t.uid);
 }
 
 void QueueDirectory::prepare() const {

@@ -66,6 +66,9 @@ class OwnTicket {
   UniqueFd wake_fd_;
 };
 
+// The ticket an index entry stands for, with only what the index keeps (see read_ticket()).
+Ticket ticket_of(const IndexEntry& entry);
+
 class QueueDirectory {
  public:
   // Opens the queue directory inside the lock directory, creating it (mode 1777) if missing
@@ -80,10 +83,11 @@ class QueueDirectory {
   int fd() const { return dir_.fd(); }
 
   struct Listing {
-    // Tickets of waiting processes, by seq. From list_index(), only the fields the index keeps
-    // (plus the id); their details come from read_ticket() when the plan reaches them.
+    // From list(): the tickets of waiting processes, by seq.
     std::vector<Ticket> live;
-    std::vector<IndexEntry> index;  // from list_index(): parallel to `live`
+    // From list_index(): the waiting requests as the index has them, by seq (their tickets'
+    // details come from read_ticket() when a plan reaches them).
+    std::vector<IndexEntry> index;
     QueueIndex::Contents contents;  // from list_index(): the index as read
     std::uint64_t highest_seq = 0;  // among every readable ticket, live or not
     // When each user with a live ticket was last given GPUs (mark_served), in ns since the

@@ -1,0 +1,88 @@
+// LocalBackend's plan of an acquire covers only the head of a long queue (plan_head in
+// src/local/local_queue.cc): these tests queue more waiters than its first head holds and check
+// that the plan still decides and reports as the plan of the whole queue would. The waiters are
+// registered from this process through a QueueDirectory of its own (OFD locks of different open
+// file descriptions conflict within one process too, so the pool sees them as live).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "expect_error.h"
+#include "gpu_pool_test_support.h"
+#include "gpulock/error.hpp"
+#include "gpulock/gpu_pool.hpp"
+#include "local/lock_directory.h"
+#include "local/queue_directory.h"
+#include "process/process_identity.h"
+#include "temp_dir.h"
+#include "util/random_id.h"
+
+namespace gpulock {
+namespace {
+
+using namespace test_support;
+
+class LocalPlanHeadTest : public ::testing::Test {
+ protected:
+  PoolOptions Options() const {
+    PoolOptions options;
+    options.lock_dir = lock_dir_;
+    return options;
+  }
+
+  // Registers a waiter of this user for `needed` of `candidates` (all of them when `named`).
+  void Wait(std::vector<std::string> candidates, bool named) {
+    if (!queue_) {
+      locks_.emplace(LockDirectory::open(lock_dir_));
+      queue_ = QueueDirectory::open(*locks_, true);
+    }
+    Ticket t;
+    t.id = make_lease_id();
+    t.uid = ::geteuid();
+    t.process = self_process_id();
+    t.needed = 1;
+    t.named_gpus = named;
+    t.candidates = std::move(candidates);
+    waiters_.push_back(queue_->enter(t));
+  }
+
+  TempDir temp_;
+  std::filesystem::path lock_dir_ = temp_.path() / "locks";
+  std::optional<LockDirectory> locks_;
+  std::unique_ptr<QueueDirectory> queue_;
+  std::vector<OwnTicket> waiters_;
+};
+
+// 40 waiters for the held GPU 0 alone, then one for any GPU: that one is served GPU 1, free,
+// though it stands behind the first head of the order; a newcomer is not.
+TEST_F(LocalPlanHeadTest, AWaiterBehindTheFirstHeadTakesTheFreeGpuBeforeANewcomer) {
+  GpuPool pool(make_simulated_source(2), Options());
+  Lease holder = pool.acquire(Named({SimUuid(0)}));
+  for (int i = 0; i < 40; ++i) Wait({SimUuid(0)}, true);
+  GpuPool newcomer(make_simulated_source(2), Options());
+  // With nobody else for GPU 1, the newcomer takes it.
+  newcomer.acquire(Count(1)).release();
+  Wait({SimUuid(0), SimUuid(1)}, false);
+  ExpectError([&] { newcomer.acquire(Count(1)); }, ErrorCode::kTimedOut, "not free now");
+}
+
+// The position a waiter is told counts the whole queue, not the head that was planned.
+TEST_F(LocalPlanHeadTest, PositionCountsTheWholeQueue) {
+  GpuPool pool(make_simulated_source(1), Options());
+  Lease holder = pool.acquire(Count(1));
+  for (int i = 0; i < 100; ++i) Wait({SimUuid(0)}, false);
+  GpuPool newcomer(make_simulated_source(1), Options());
+  LeaseRequest request = Count(1);
+  request.wait = true;
+  request.timeout = std::chrono::milliseconds(1);
+  ExpectError([&] { newcomer.acquire(request); }, ErrorCode::kTimedOut,
+              "(position 101 of 101 in the queue)");
+}
+
+}  // namespace
+}  // namespace gpulock
