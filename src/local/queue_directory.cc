@@ -424,11 +424,8 @@ bool QueueDirectory::remove_dead(const IndexEntry& entry) const {
 
 void QueueDirectory::read_last_served(Listing& listing) const {
   // A queue of thousands is mostly one user's: the map is looked up when the user changes.
-  std::optional<uid_t> previous;
   const auto note = [&](uid_t uid) {
-    const bool same_user = previous == uid;
-    previous = uid;
-    if (same_user || listing.last_served.count(uid)) return;
+    if (listing.last_served.count(uid)) return;
     // Only the user's own file counts: anyone could plant one under another user's name.
     struct stat st {};
     const std::string name = "served-" + std::to_string(uid);
@@ -437,9 +434,12 @@ void QueueDirectory::read_last_served(Listing& listing) const {
     listing.last_served[uid] =
         valid ? static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec : 0;
   };
-  // From the index (list_index) or from the tickets (list).
-  for (const IndexEntry& e : listing.index) note(e.uid);
-  for (const Ticket& t : listing.live) note(t.uid);
+  // From the index (list_index) or from the tickets (list); a queue of thousands is mostly one
+  // user's, so the map is looked at when the user changes.
+  for (std::size_t i = 0; i < listing.index.size(); ++i)
+    if (i == 0 || listing.index[i].uid != listing.index[i - 1].uid) note(listing.index[i].uid);
+  for (std::size_t i = 0; i < listing.live.size(); ++i)
+    if (i == 0 || listing.live[i].uid != listing.live[i - 1].uid) note(listing.live[i].uid);
 }
 
 void QueueDirectory::prepare() const {

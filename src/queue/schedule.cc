@@ -61,15 +61,6 @@ OrderInput OrderInput::of(const PlanRequest& r) {
 
 QueueOrder order_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
                        const std::vector<OrderInput>& requests) {
-  // Each user's requests by arrival; those beyond the user's max_waiting are held back. A queue
-  // of thousands is mostly one user's: the map is looked up again only when the user changes.
-  std::map<uid_t, std::vector<std::size_t>> by_user;
-  std::vector<std::size_t>* last_user_requests = nullptr;
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    if (i == 0 || requests[i].uid != requests[i - 1].uid)
-      last_user_requests = &by_user[requests[i].uid];
-    last_user_requests->push_back(i);
-  }
   QueueOrder result;
   // As bytes: a vector<bool> costs a shift and mask per look.
   result.may_enter.assign(requests.size(), false);
@@ -91,50 +82,76 @@ QueueOrder order_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
         1,
         std::min<std::uint64_t>(kShareScale, std::uint64_t{units} * kShareScale / largest_units));
   };
+
+  // The requests by arrival: as given when they are in that order already (a queue read from
+  // its index is), else sorted.
+  const auto arrived_earlier = [](const OrderInput& a, const OrderInput& b) {
+    return a.seq < b.seq;
+  };
+  const bool given_by_arrival = std::is_sorted(requests.begin(), requests.end(), arrived_earlier);
+  std::vector<std::size_t> by_arrival;
+  if (!given_by_arrival) {
+    by_arrival.resize(requests.size());
+    std::iota(by_arrival.begin(), by_arrival.end(), std::size_t{0});
+    std::sort(by_arrival.begin(), by_arrival.end(), [&](std::size_t a, std::size_t b) {
+      return arrived_earlier(requests[a], requests[b]);
+    });
+  }
+  const auto arrival = [&](std::size_t n) { return given_by_arrival ? n : by_arrival[n]; };
+
+  // What ordering has found so far of each user's requests, looked up again only when the user
+  // changes (a queue of thousands is mostly one user's).
+  struct UserOrder {
+    std::uint64_t share = 0;      // the share the user's next request is ordered by
+    std::size_t taking_part = 0;  // the user's requests not held back (and let in)
+  };
+  std::map<uid_t, UserOrder> user_order;
+  const auto order_of = [&](uid_t uid) -> UserOrder& {
+    const auto [it, added] = user_order.try_emplace(uid);
+    if (added) it->second.share = share_by_user[uid];
+    return it->second;
+  };
+
   // Sorted as one flat key per request (held-back ones last, by arrival), for a queue of
-  // thousands sorted at every plan. Filled in per user below.
+  // thousands sorted at every plan. Requests beyond their user's max_waiting (by arrival) are
+  // held back, and so are those that registered over it.
   struct Sortable {
     bool held_back;
     OrderKey key;
     std::size_t index;
   };
   std::vector<Sortable> sortable(requests.size());
-  for (auto& [uid, indices] : by_user) {
-    const auto by_seq = [&](std::size_t a, std::size_t b) {
-      return requests[a].seq < requests[b].seq;
-    };
-    if (!std::is_sorted(indices.begin(), indices.end(), by_seq))
-      std::sort(indices.begin(), indices.end(), by_seq);
-    std::uint64_t share = share_by_user[uid];
-    std::size_t taking_part = 0;
-    bool some_entered_over_limit = false;
-    for (std::size_t i : indices) {
-      const OrderInput& r = requests[i];
-      const auto& max_waiting = r.max_waiting;
-      some_entered_over_limit |= r.entered_over_limit;
-      if (r.entered_over_limit || (max_waiting && taking_part >= *max_waiting)) {
-        sortable[i] = Sortable{true, OrderKey{0, 0, 0, r.seq}, i};
-        result.held_back[i] = true;
-        continue;
-      }
-      ++taking_part;
-      OrderKey key;
-      key.priority_class = r.priority == Priority::kLow ? 1 : 0;
-      key.share = policy == QueuePolicy::kFairShare ? share : 0;
-      key.last_served = policy == QueuePolicy::kFairShare ? r.user_last_served : 0;
-      key.seq = r.seq;
-      sortable[i] = Sortable{false, key, i};
-      share += std::uint64_t{r.needed} * weight_of(r);
+  bool some_entered_over_limit = false;
+  UserOrder* user = nullptr;
+  for (std::size_t n = 0; n < requests.size(); ++n) {
+    const std::size_t i = arrival(n);
+    const OrderInput& r = requests[i];
+    if (n == 0 || r.uid != requests[arrival(n - 1)].uid) user = &order_of(r.uid);
+    some_entered_over_limit |= r.entered_over_limit;
+    if (r.entered_over_limit || (r.max_waiting && user->taking_part >= *r.max_waiting)) {
+      sortable[i] = Sortable{true, OrderKey{0, 0, 0, r.seq}, i};
+      result.held_back[i] = true;
+      continue;
     }
-
-    // Room in the queue for this user's requests that registered over the limit: the earliest
-    // may enter. (taking_part: the user's requests not held back.)
-    if (!some_entered_over_limit) continue;
-    for (std::size_t i : indices) {
-      const auto& max_waiting = requests[i].max_waiting;
-      if (!requests[i].entered_over_limit || (max_waiting && taking_part >= *max_waiting)) continue;
+    ++user->taking_part;
+    OrderKey key;
+    key.priority_class = r.priority == Priority::kLow ? 1 : 0;
+    key.share = policy == QueuePolicy::kFairShare ? user->share : 0;
+    key.last_served = policy == QueuePolicy::kFairShare ? r.user_last_served : 0;
+    key.seq = r.seq;
+    sortable[i] = Sortable{false, key, i};
+    user->share += std::uint64_t{r.needed} * weight_of(r);
+  }
+  // Room in the queue for requests that registered over their user's limit: the earliest may
+  // enter.
+  if (some_entered_over_limit) {
+    for (std::size_t n = 0; n < requests.size(); ++n) {
+      const std::size_t i = arrival(n);
+      const OrderInput& r = requests[i];
+      UserOrder& u = user_order.at(r.uid);
+      if (!r.entered_over_limit || (r.max_waiting && u.taking_part >= *r.max_waiting)) continue;
       result.may_enter[i] = true;
-      ++taking_part;
+      ++u.taking_part;
     }
   }
 
