@@ -1,7 +1,9 @@
-// The local backend's queue: planning it from the queue directory and the lock files, and
-// describing it to people (`gpulock queue`).
+// The local backend's queue: planning it from the queue directory and the lock files (for an
+// acquire, only the head of its order: plan_head), and describing it to people (`gpulock queue`).
 #include <algorithm>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 
 #include "backend/queue_request.h"
@@ -23,6 +25,17 @@ namespace {
 // The first plan of a long queue covers this many requests of its order; twice as many each
 // time GPUs are still open behind them.
 constexpr std::size_t kFirstHead = 32;
+
+// The device of a UUID among `devices` (which must outlive it), nullptr for one that is gone:
+// what unhealthy_candidates() judges a ticket's filters against.
+std::function<const Device*(const std::string&)> device_finder(const std::vector<Device>& devices) {
+  auto by_uuid = std::make_shared<std::map<std::string, const Device*>>();
+  for (const auto& d : devices) (*by_uuid)[d.uuid] = &d;
+  return [by_uuid](const std::string& uuid) -> const Device* {
+    const auto it = by_uuid->find(uuid);
+    return it == by_uuid->end() ? nullptr : it->second;
+  };
+}
 
 }  // namespace
 
@@ -78,12 +91,7 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
   bool any_shared = false;
   for (const Ticket& t : snapshot.tickets) any_shared |= t.shared();
   plan_gpus(devices, any_shared, with_records, snapshot);
-  std::map<std::string, const Device*> by_uuid;
-  for (const auto& d : devices) by_uuid[d.uuid] = &d;
-  const auto device_of = [&](const std::string& u) -> const Device* {
-    const auto it = by_uuid.find(u);
-    return it == by_uuid.end() ? nullptr : it->second;
-  };
+  const std::function<const Device*(const std::string&)> device_of = device_finder(devices);
 
   std::vector<PlanRequest> requests;
   requests.reserve(snapshot.tickets.size());
@@ -118,12 +126,7 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
   bool any_shared = (newcomer && newcomer->shared()) || (own && own->shared());
   for (const IndexEntry& e : queued) any_shared |= e.shared_units > 0 || e.shared_slots > 0;
   plan_gpus(devices, any_shared, with_records, snapshot);
-  std::map<std::string, const Device*> by_uuid;
-  for (const auto& d : devices) by_uuid[d.uuid] = &d;
-  const auto device_of = [&](const std::string& u) -> const Device* {
-    const auto it = by_uuid.find(u);
-    return it == by_uuid.end() ? nullptr : it->second;
-  };
+  const std::function<const Device*(const std::string&)> device_of = device_finder(devices);
 
   // Which request is ours: the newcomer (last), or our registered ticket.
   std::size_t me = total;
