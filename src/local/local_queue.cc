@@ -185,6 +185,7 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
     in.uid = newcomer_ticket.uid;
     in.priority = newcomer_ticket.priority;
     in.needed = newcomer_ticket.needed;
+    in.entered_over_limit = newcomer_ticket.entered_over_limit;
     in.shared_units = newcomer_ticket.shared_units;
     in.shared_slots = newcomer_ticket.shared_slots;
     // A request that has not registered does not wait yet: the waiting limit is not its
