@@ -1186,6 +1186,77 @@ TEST(PlanProperty, RandomBusyScenariosKeepTheContract) {
   }
 }
 
+// What LocalBackend::plan_head relies on: once no GPU is open after the first h requests of the
+// whole queue's order, walking only those h (and one request from further back, placed after
+// them) decides for them, and for that one, what the whole queue's plan decides.
+void CheckHeadsOf(const Scenario& s) {
+  const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
+  std::vector<PlanRequest> all = s.requests;
+  std::vector<OrderInput> inputs;
+  for (const PlanRequest& r : all) inputs.push_back(OrderInput::of(r));
+  const QueueOrder order = order_queue(s.policy, s.gpus, inputs);
+  const Plan whole = plan_queue(s.policy, s.gpus, all, distance);
+  ASSERT_EQ(order.order.size(), all.size());
+  for (std::size_t k = 0; k < all.size(); ++k)
+    ASSERT_EQ(whole.order[k].request, order.order[k]) << "the same order as plan_queue's";
+  for (std::size_t h = 1; h < all.size(); h *= 2) {
+    bool open_after = true;
+    std::vector<PlanRequest> copy = all;
+    (void)plan_queue_in_order(s.gpus, copy, order, distance, RequestLoader(), h, &open_after);
+    if (open_after) continue;
+    // The head, and the last request of the order (ours, standing behind everyone).
+    std::vector<std::size_t> members(order.order.begin(), order.order.begin() + h);
+    members.push_back(order.order.back());
+    std::vector<PlanRequest> head;
+    QueueOrder head_order;
+    for (std::size_t k = 0; k < members.size(); ++k) {
+      head.push_back(all[members[k]]);
+      head_order.order.push_back(k);
+      head_order.held_back.push_back(order.held_back[members[k]]);
+      head_order.may_enter.push_back(order.may_enter[members[k]]);
+    }
+    const Plan partial = plan_queue_in_order(s.gpus, head, head_order, distance, RequestLoader());
+    for (std::size_t k = 0; k < members.size(); ++k) {
+      SCOPED_TRACE("head " + std::to_string(h) + ", request " + std::to_string(members[k]));
+      const Placement& mine = partial.of(k);
+      const Placement& theirs = whole.of(members[k]);
+      EXPECT_EQ(mine.standing, theirs.standing);
+      EXPECT_EQ(mine.gpus, theirs.gpus);
+      EXPECT_EQ(mine.held_back, theirs.held_back);
+      EXPECT_EQ(mine.may_enter, theirs.may_enter);
+      ASSERT_EQ(mine.obstacles.size(), theirs.obstacles.size());
+      for (std::size_t o = 0; o < mine.obstacles.size(); ++o) {
+        EXPECT_EQ(mine.obstacles[o].uuid, theirs.obstacles[o].uuid);
+        EXPECT_EQ(mine.obstacles[o].kind, theirs.obstacles[o].kind);
+        EXPECT_EQ(mine.obstacles[o].by.has_value(), theirs.obstacles[o].by.has_value());
+        if (mine.obstacles[o].by && theirs.obstacles[o].by) {
+          EXPECT_EQ(members[*mine.obstacles[o].by], *theirs.obstacles[o].by);
+        }
+      }
+    }
+  }
+}
+
+TEST(PlanHead, AHeadWithNoGpuOpenBehindItDecidesAsTheWholeQueue) {
+  for (unsigned seed = 1; seed <= 500; ++seed) {
+    std::mt19937 rng(seed);
+    Scenario scenario = RandomScenario(rng);
+    // Longer queues, so that heads shorter than the queue are tried.
+    const Scenario more = RandomScenario(rng);
+    std::uint64_t base = 0;
+    for (const auto& r : scenario.requests) base = std::max(base, r.seq + 1);
+    for (PlanRequest r : more.requests) {
+      r.seq += base;
+      r.limits = scenario.limits[r.uid];
+      if (scenario.priority_per_user) r.priority = scenario.priority[r.uid];
+      scenario.requests.push_back(r);
+    }
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    CheckHeadsOf(scenario);
+    if (::testing::Test::HasFailure()) break;
+  }
+}
+
 }  // namespace
 }  // namespace gpulock
 
