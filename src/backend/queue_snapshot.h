@@ -30,7 +30,7 @@ struct QueueSnapshot {
   Plan plan;
   std::vector<std::string> warnings;
   // Where only the head of a long queue was planned (the local backend's acquire: see
-  // LocalBackend::plan): the requests in the whole queue, the place of each planned one in its
+  // LocalBackend::plan_head): the requests in the whole queue, the place of each planned one in its
   // order, and the waiters outside the head that may register again (room in the queue now).
   // Empty: the plan covers the whole queue.
   std::size_t queue_length = 0;

@@ -279,8 +279,12 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       }
       // The live waiters as listed, by arrival.
       const std::vector<IndexEntry>& live = listing.index;
+      // Ours by id and, once registered, seq (a planted slot may carry our id).
       me = 0;
-      while (me < snapshot.tickets.size() && snapshot.tickets[me].id != wanted.id) ++me;
+      while (me < snapshot.tickets.size() &&
+             !(snapshot.tickets[me].id == wanted.id &&
+               (!ticket || snapshot.tickets[me].seq == ticket.ticket().seq)))
+        ++me;
       if (me == snapshot.tickets.size()) {
         // Our ticket vanished (someone root removed the queue): register again.
         ticket = OwnTicket();

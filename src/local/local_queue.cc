@@ -133,8 +133,10 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
   if (newcomer) {
     me = queued.size();
   } else {
+    // By id and seq: the index is world-writable, and a planted slot with our id must not
+    // stand in for us.
     for (std::size_t i = 0; i < queued.size() && me == total; ++i)
-      if (queued[i].id == own->id) me = i;
+      if (queued[i].id == own->id && queued[i].seq == own->seq) me = i;
     // Not in the queue (root removed it): the snapshot does not have it, and the caller
     // registers again.
   }
@@ -178,20 +180,23 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
     in.max_waiting = facts->limits.max_waiting;
     in.user_last_served = facts->last_served;
   }
-  if (newcomer) {
-    const UserFacts& mine = facts_of(newcomer_ticket.uid);
-    OrderInput& in = inputs.back();
-    in.seq = newcomer_ticket.seq;
-    in.uid = newcomer_ticket.uid;
-    in.priority = newcomer_ticket.priority;
-    in.needed = newcomer_ticket.needed;
-    in.entered_over_limit = newcomer_ticket.entered_over_limit;
-    in.shared_units = newcomer_ticket.shared_units;
-    in.shared_slots = newcomer_ticket.shared_slots;
+  // Ours is ordered by our own ticket, not by what the index says of it.
+  if (me < total) {
+    const Ticket& t = newcomer ? newcomer_ticket : *own;
+    const UserFacts& mine = facts_of(t.uid);
+    OrderInput& in = inputs[me];
+    in.seq = t.seq;
+    in.uid = t.uid;
+    in.priority = t.priority;
+    in.needed = t.needed;
+    in.entered_over_limit = t.entered_over_limit;
+    in.shared_units = t.shared_units;
+    in.shared_slots = t.shared_slots;
+    in.max_waiting = mine.limits.max_waiting;
+    in.user_last_served = mine.last_served;
     // A request that has not registered does not wait yet: the waiting limit is not its
     // concern until it must (acquire() decides then).
-    in.max_waiting.reset();
-    in.user_last_served = mine.last_served;
+    if (newcomer) in.max_waiting.reset();
   }
   const QueueOrder order = order_queue(config_.policy, snapshot.gpus, inputs);
   std::size_t my_place = total;
@@ -205,6 +210,9 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
   const auto distance = [this](const std::string& a, const std::string& b) {
     return source_->distance(a, b);
   };
+  // Tickets read in an earlier, shorter head (nullopt: found gone), so that each is read once
+  // per plan however often the head doubles.
+  std::map<std::size_t, std::optional<Ticket>> read_before;
   std::size_t head = std::min(total, kFirstHead);
   for (;; head = std::min(total, head * 2)) {
     if (gone) gone->resize(gone_before);
@@ -242,8 +250,13 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
     // A ticket's details, read when the plan reaches it; a waiter found gone is reported.
     const auto load = [&](std::size_t k, PlanRequest& r) {
       const IndexEntry& entry = queued[members[k]];
-      QueueDirectory* queue = queue_dir(false);
-      std::optional<Ticket> full = queue ? queue->read_ticket(entry) : std::nullopt;
+      auto known = read_before.find(members[k]);
+      if (known == read_before.end()) {
+        QueueDirectory* queue = queue_dir(false);
+        known =
+            read_before.emplace(members[k], queue ? queue->read_ticket(entry) : std::nullopt).first;
+      }
+      std::optional<Ticket> full = known->second;
       if (!full) {
         if (gone) gone->push_back(entry);
         return false;
