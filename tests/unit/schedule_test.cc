@@ -1154,32 +1154,37 @@ TEST(PlanProperty, RandomScenariosKeepTheContract) {
   }
 }
 
+// Same generator, many more requests per machine: a second scenario's requests join the first's
+// queue (long chains of reservations).
+Scenario RandomBusyScenario(std::mt19937& rng) {
+  Scenario scenario = RandomScenario(rng);
+  const Scenario more = RandomScenario(rng);
+  std::uint64_t base = 0;
+  for (const auto& r : scenario.requests) base = std::max(base, r.seq + 1);
+  for (PlanRequest r : more.requests) {
+    // Keep the candidates that exist in this scenario's universe; uids keep their limits.
+    Strings kept;
+    for (const auto& c : r.candidates)
+      if (IndexOf(c) < 0 || IndexOf(c) < static_cast<int>(scenario.gpus.size())) kept.push_back(c);
+    if (kept.empty()) continue;
+    if (r.named_gpus) r.needed = static_cast<unsigned>(kept.size());
+    r.candidates = kept;
+    Strings unhealthy;
+    for (const auto& u : r.unhealthy)
+      if (std::find(kept.begin(), kept.end(), u) != kept.end()) unhealthy.push_back(u);
+    r.unhealthy = unhealthy;
+    r.seq += base;
+    r.limits = scenario.limits[r.uid];
+    if (scenario.priority_per_user) r.priority = scenario.priority[r.uid];
+    scenario.requests.push_back(r);
+  }
+  return scenario;
+}
+
 TEST(PlanProperty, RandomBusyScenariosKeepTheContract) {
-  // Same generator, many more requests per machine: long chains of reservations.
   for (unsigned seed = 1000; seed < 1300; ++seed) {
     std::mt19937 rng(seed);
-    Scenario scenario = RandomScenario(rng);
-    const Scenario more = RandomScenario(rng);
-    std::uint64_t base = 0;
-    for (const auto& r : scenario.requests) base = std::max(base, r.seq + 1);
-    for (PlanRequest r : more.requests) {
-      // Keep the candidates that exist in this scenario's universe; uids keep their limits.
-      Strings kept;
-      for (const auto& c : r.candidates)
-        if (IndexOf(c) < 0 || IndexOf(c) < static_cast<int>(scenario.gpus.size()))
-          kept.push_back(c);
-      if (kept.empty()) continue;
-      if (r.named_gpus) r.needed = static_cast<unsigned>(kept.size());
-      r.candidates = kept;
-      Strings unhealthy;
-      for (const auto& u : r.unhealthy)
-        if (std::find(kept.begin(), kept.end(), u) != kept.end()) unhealthy.push_back(u);
-      r.unhealthy = unhealthy;
-      r.seq += base;
-      r.limits = scenario.limits[r.uid];
-      if (scenario.priority_per_user) r.priority = scenario.priority[r.uid];
-      scenario.requests.push_back(r);
-    }
+    const Scenario scenario = RandomBusyScenario(rng);
     SCOPED_TRACE("seed " + std::to_string(seed));
     CheckScenario(scenario);
     if (::testing::Test::HasFailure()) break;
@@ -1240,17 +1245,8 @@ void CheckHeadsOf(const Scenario& s) {
 TEST(PlanHead, AHeadWithNoGpuOpenBehindItDecidesAsTheWholeQueue) {
   for (unsigned seed = 1; seed <= 500; ++seed) {
     std::mt19937 rng(seed);
-    Scenario scenario = RandomScenario(rng);
     // Longer queues, so that heads shorter than the queue are tried.
-    const Scenario more = RandomScenario(rng);
-    std::uint64_t base = 0;
-    for (const auto& r : scenario.requests) base = std::max(base, r.seq + 1);
-    for (PlanRequest r : more.requests) {
-      r.seq += base;
-      r.limits = scenario.limits[r.uid];
-      if (scenario.priority_per_user) r.priority = scenario.priority[r.uid];
-      scenario.requests.push_back(r);
-    }
+    const Scenario scenario = RandomBusyScenario(rng);
     SCOPED_TRACE("seed " + std::to_string(seed));
     CheckHeadsOf(scenario);
     if (::testing::Test::HasFailure()) break;
