@@ -37,6 +37,15 @@ std::function<const Device*(const std::string&)> device_finder(const std::vector
   };
 }
 
+// Judges a ticket's health filters against the devices: why each unhealthy candidate fails (for
+// people, into `reasons`) and which they are (for the plan, into `r`).
+void judge_health(const Ticket& t,
+                  const std::function<const Device*(const std::string&)>& device_of,
+                  std::map<std::string, std::string>& reasons, PlanRequest& r) {
+  reasons = unhealthy_candidates(t, device_of);
+  for (const auto& [uuid, reason] : reasons) r.unhealthy.push_back(uuid);
+}
+
 }  // namespace
 
 void LocalBackend::plan_gpus(const std::vector<Device>& devices, bool any_shared, bool with_records,
@@ -102,9 +111,7 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
     const auto it = listing.last_served.find(t.uid);
     requests.push_back(plan_request(t, config_.limits_for(t.user),
                                     it == listing.last_served.end() ? 0 : it->second));
-    snapshot.unhealthy_reasons[i] = unhealthy_candidates(t, device_of);
-    for (const auto& [uuid, reason] : snapshot.unhealthy_reasons[i])
-      requests.back().unhealthy.push_back(uuid);
+    judge_health(t, device_of, snapshot.unhealthy_reasons[i], requests.back());
   }
   snapshot.plan = plan_queue(
       config_.policy, snapshot.gpus, requests,
@@ -164,39 +171,23 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
     }
     return it->second;
   };
-  std::vector<OrderInput> inputs(total);
+  std::vector<OrderInput> inputs;
+  inputs.reserve(total);
   const UserFacts* facts = nullptr;
   for (std::size_t i = 0; i < queued.size(); ++i) {
     const IndexEntry& e = queued[i];
     if (i == 0 || e.uid != queued[i - 1].uid) facts = &facts_of(e.uid);
-    OrderInput& in = inputs[i];
-    in.seq = e.seq;
-    in.uid = e.uid;
-    in.priority = e.priority;
-    in.needed = e.needed;
-    in.entered_over_limit = e.entered_over_limit;
-    in.shared_units = e.shared_units;
-    in.shared_slots = e.shared_slots;
-    in.max_waiting = facts->limits.max_waiting;
-    in.user_last_served = facts->last_served;
+    inputs.push_back(order_input(e, facts->limits.max_waiting, facts->last_served));
   }
-  // Ours is ordered by our own ticket, not by what the index says of it.
+  if (newcomer) inputs.emplace_back();
+  // Ours is ordered by our own ticket, not by what the index says of it. A request that has
+  // not registered does not wait yet: the waiting limit is not its concern until it must
+  // (acquire() decides then).
   if (me < total) {
     const Ticket& t = newcomer ? newcomer_ticket : *own;
     const UserFacts& mine = facts_of(t.uid);
-    OrderInput& in = inputs[me];
-    in.seq = t.seq;
-    in.uid = t.uid;
-    in.priority = t.priority;
-    in.needed = t.needed;
-    in.entered_over_limit = t.entered_over_limit;
-    in.shared_units = t.shared_units;
-    in.shared_slots = t.shared_slots;
-    in.max_waiting = mine.limits.max_waiting;
-    in.user_last_served = mine.last_served;
-    // A request that has not registered does not wait yet: the waiting limit is not its
-    // concern until it must (acquire() decides then).
-    if (newcomer) in.max_waiting.reset();
+    inputs[me] =
+        order_input(t, newcomer ? std::nullopt : mine.limits.max_waiting, mine.last_served);
   }
   const QueueOrder order = order_queue(config_.policy, snapshot.gpus, inputs);
   std::size_t my_place = total;
@@ -236,9 +227,7 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
       r.details_pending = !is_newcomer && !is_own;
       if (is_newcomer) r.limits.max_waiting.reset();
       if (!r.details_pending) {
-        snapshot.unhealthy_reasons[k] = unhealthy_candidates(t, device_of);
-        for (const auto& [uuid, reason] : snapshot.unhealthy_reasons[k])
-          r.unhealthy.push_back(uuid);
+        judge_health(t, device_of, snapshot.unhealthy_reasons[k], r);
       }
       snapshot.tickets.push_back(std::move(t));
       requests.push_back(std::move(r));
@@ -267,8 +256,7 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
       t.user = user;
       r.candidates = t.candidates;
       r.spread = t.spread;
-      snapshot.unhealthy_reasons[k] = unhealthy_candidates(t, device_of);
-      for (const auto& [uuid, reason] : snapshot.unhealthy_reasons[k]) r.unhealthy.push_back(uuid);
+      judge_health(t, device_of, snapshot.unhealthy_reasons[k], r);
       return true;
     };
     bool open_behind = false;

@@ -45,20 +45,6 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   return plan_queue(policy, gpus, copy, distance, RequestLoader());
 }
 
-OrderInput OrderInput::of(const PlanRequest& r) {
-  OrderInput in;
-  in.seq = r.seq;
-  in.uid = r.uid;
-  in.priority = r.priority;
-  in.needed = r.needed;
-  in.entered_over_limit = r.entered_over_limit;
-  in.shared_units = r.shared_units;
-  in.shared_slots = r.shared_slots;
-  in.max_waiting = r.limits.max_waiting;
-  in.user_last_served = r.user_last_served;
-  return in;
-}
-
 QueueOrder order_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
                        const std::vector<OrderInput>& requests) {
   QueueOrder result;
@@ -172,7 +158,8 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
                 const RequestLoader& load) {
   std::vector<OrderInput> inputs;
   inputs.reserve(requests.size());
-  for (const PlanRequest& r : requests) inputs.push_back(OrderInput::of(r));
+  for (const PlanRequest& r : requests)
+    inputs.push_back(order_input(r, r.limits.max_waiting, r.user_last_served));
   return plan_queue_in_order(gpus, requests, order_queue(policy, gpus, inputs), distance, load);
 }
 

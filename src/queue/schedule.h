@@ -149,8 +149,26 @@ struct OrderInput {
   std::uint32_t shared_slots = 0;
   std::optional<unsigned> max_waiting;  // its user's limit
   std::int64_t user_last_served = 0;
-  static OrderInput of(const PlanRequest& r);
 };
+
+// The order input of anything that carries a request's ordering fields under these names (a
+// PlanRequest, a Ticket, an index slot), given its user's waiting limit and when the user was
+// last served.
+template <typename Request>
+OrderInput order_input(const Request& r, std::optional<unsigned> max_waiting,
+                       std::int64_t user_last_served) {
+  OrderInput in;
+  in.seq = r.seq;
+  in.uid = r.uid;
+  in.priority = r.priority;
+  in.needed = r.needed;
+  in.entered_over_limit = r.entered_over_limit;
+  in.shared_units = r.shared_units;
+  in.shared_slots = r.shared_slots;
+  in.max_waiting = max_waiting;
+  in.user_last_served = user_last_served;
+  return in;
+}
 
 struct QueueOrder {
   std::vector<std::size_t> order;  // request indices in serving order, held-back ones last

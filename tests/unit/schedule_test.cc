@@ -1198,7 +1198,8 @@ void CheckHeadsOf(const Scenario& s) {
   const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
   std::vector<PlanRequest> all = s.requests;
   std::vector<OrderInput> inputs;
-  for (const PlanRequest& r : all) inputs.push_back(OrderInput::of(r));
+  for (const PlanRequest& r : all)
+    inputs.push_back(order_input(r, r.limits.max_waiting, r.user_last_served));
   const QueueOrder order = order_queue(s.policy, s.gpus, inputs);
   const Plan whole = plan_queue(s.policy, s.gpus, all, distance);
   ASSERT_EQ(order.order.size(), all.size());
