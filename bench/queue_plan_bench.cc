@@ -85,6 +85,60 @@ BENCHMARK(BM_NoWaitPlanBehindQueue)
     ->Repetitions(5)
     ->ReportAggregatesOnly(true);
 
+// A free GPU that none of the waiters can use: on 2 GPUs, GPU 0 is held and N waiters named it
+// (`gpulock run -g 0`); a newcomer for any GPU takes free GPU 1 and releases it. Its plan must
+// look past every waiter to learn that nobody ahead of it takes GPU 1.
+void BM_FreeGpuBehindNamedWaiters(benchmark::State& state) {
+  raise_open_file_limit();
+  const auto waiting = static_cast<std::size_t>(state.range(0));
+  gpulock_bench::TempDir scratch;
+  gpulock::PoolOptions options;
+  options.lock_dir = scratch.lock_dir();
+  gpulock::GpuPool pool(gpulock::make_simulated_source(2), options);
+  gpulock::LeaseRequest first;
+  first.gpus = {"0"};
+  first.wait = false;
+  gpulock::Lease holder = pool.acquire(first);
+
+  const gpulock::LockDirectory locks = gpulock::LockDirectory::open(scratch.lock_dir());
+  const auto queue = gpulock::QueueDirectory::open(locks, true);
+  std::vector<gpulock::OwnTicket> tickets;
+  tickets.reserve(waiting);
+  for (std::size_t i = 0; i < waiting; ++i) {
+    gpulock::Ticket t;
+    t.id = gpulock::make_lease_id();
+    t.uid = ::geteuid();
+    t.process = gpulock::self_process_id();
+    t.needed = 1;
+    t.named_gpus = true;
+    t.candidates = {holder.gpus().front().uuid};
+    tickets.push_back(queue->enter(t));
+  }
+
+  gpulock::GpuPool planner(gpulock::make_simulated_source(2), options);
+  gpulock::LeaseRequest any;
+  any.count = 1;
+  any.wait = false;
+  for (auto _ : state) {
+    try {
+      planner.acquire(any).release();
+    } catch (const gpulock::Error& e) {
+      state.SkipWithError(e.what());
+      break;
+    }
+  }
+  state.counters["waiting"] = static_cast<double>(waiting);
+}
+BENCHMARK(BM_FreeGpuBehindNamedWaiters)
+    ->ArgName("waiting")
+    ->Arg(0)
+    ->Arg(100)
+    ->Arg(1000)
+    ->Arg(4000)
+    ->Unit(benchmark::kMicrosecond)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+
 }  // namespace
 
 BENCHMARK_MAIN();
