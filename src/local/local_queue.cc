@@ -9,6 +9,7 @@
 #include "backend/queue_request.h"
 #include "local/gpu_lock_file.h"
 #include "local/local_backend.h"
+#include "local/usability_hint.h"
 #include "process/process_identity.h"
 
 namespace gpulock {
@@ -195,8 +196,10 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
     if (order.order[k] == me) my_place = k;
 
   // Plan the head of that order: a request further back can only wait once no GPU is open
-  // behind the head (the plan reads its details, and makes its ticket, only in the head). The
-  // head doubles while GPUs stay open behind it.
+  // behind the head (the plan reads its details, and makes its ticket, only in the head). While
+  // GPUs stay open behind it, the head doubles, along a sequence of the order that leaves out
+  // whoever surely could not claim any of them (their slots' hints against the open GPUs): a
+  // long queue of requests that cannot use a free GPU costs no more than a short one.
   const std::size_t gone_before = gone ? gone->size() : 0;
   const auto distance = [this](const std::string& a, const std::string& b) {
     return source_->distance(a, b);
@@ -204,15 +207,32 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
   // Tickets read in an earlier, shorter head (nullopt: found gone), so that each is read once
   // per plan however often the head doubles.
   std::map<std::size_t, std::optional<Ticket>> read_before;
+  // Positions in the order that the walk may need, in order: the whole order until GPUs are
+  // found open behind the first head, then that head and the sieved rest (ours included).
+  std::vector<std::size_t> sequence;
+  bool sieved = false;
+  const auto position_at = [&](std::size_t s) { return sieved ? sequence[s] : s; };
+  std::size_t length = total;
   std::size_t head = std::min(total, kFirstHead);
-  for (;; head = std::min(total, head * 2)) {
+  std::vector<char> walked;
+  for (;; head = std::min(length, head * 2)) {
     if (gone) gone->resize(gone_before);
     // The head's requests in order, then ours if it is further back.
-    std::vector<std::size_t> members(order.order.begin(), order.order.begin() + head);
-    if (my_place >= head && my_place < total) members.push_back(me);
+    std::vector<std::size_t> members;
+    std::vector<std::size_t> places;
+    members.reserve(head + 1);
+    places.reserve(head + 1);
+    for (std::size_t s = 0; s < head; ++s) {
+      places.push_back(position_at(s));
+      members.push_back(order.order[places.back()]);
+    }
+    if (my_place < total && (head == 0 || my_place > position_at(head - 1))) {
+      places.push_back(my_place);
+      members.push_back(me);
+    }
     snapshot.tickets.clear();
     snapshot.unhealthy_reasons.assign(members.size(), {});
-    snapshot.place_in_queue.clear();
+    snapshot.place_in_queue = places;
     std::vector<PlanRequest> requests;
     requests.reserve(members.size());
     QueueOrder head_order;
@@ -231,7 +251,6 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
       }
       snapshot.tickets.push_back(std::move(t));
       requests.push_back(std::move(r));
-      snapshot.place_in_queue.push_back(k < head ? k : my_place);
       head_order.order.push_back(k);
       head_order.held_back.push_back(order.held_back[i]);
       head_order.may_enter.push_back(order.may_enter[i]);
@@ -259,16 +278,41 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
       judge_health(t, device_of, snapshot.unhealthy_reasons[k], r);
       return true;
     };
-    bool open_behind = false;
+    std::vector<OpenGpu> open_behind;
     snapshot.plan = plan_queue_in_order(snapshot.gpus, requests, head_order, distance, load, head,
                                         &open_behind);
-    if (!open_behind || head == total) break;
+    if (open_behind.empty() || head == length) {
+      walked.assign(total, 0);
+      for (const std::size_t place : places) walked[place] = 1;
+      break;
+    }
+    if (!sieved) {
+      // GPUs only close as the walk goes on: whoever cannot claim one open now never can.
+      const OpenGpuSieve sieve(open_behind, device_of);
+      sequence.reserve(total);
+      for (std::size_t s = 0; s < head; ++s) sequence.push_back(s);
+      for (std::size_t k = head; k < total; ++k) {
+        const std::size_t i = order.order[k];
+        if (i == me || (!order.held_back[i] &&
+                        sieve.may_claim(queued[i].hint,
+                                        queued[i].shared_units > 0 || queued[i].shared_slots > 0)))
+          sequence.push_back(k);
+      }
+      sieved = true;
+      length = sequence.size();
+      // Nobody behind the head but ours (walked already): the plan is made.
+      if (length == head || (length == head + 1 && sequence.back() == my_place)) {
+        walked.assign(total, 0);
+        for (const std::size_t place : places) walked[place] = 1;
+        break;
+      }
+    }
   }
   snapshot.queue_length = total;
-  // Held-back requests come last: those with room now are usually behind the head.
-  for (std::size_t k = head; k < total; ++k) {
+  // Held-back requests come last: those with room now are usually left out of the walk.
+  for (std::size_t k = 0; k < total; ++k) {
     const std::size_t i = order.order[k];
-    if (order.may_enter[i] && i != me && i < queued.size())
+    if (!walked[k] && order.may_enter[i] && i != me && i < queued.size())
       snapshot.may_enter_beyond_head.push_back(queued[i].id);
   }
   return snapshot;

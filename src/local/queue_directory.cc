@@ -286,6 +286,7 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
   entry.entered_over_limit = ticket.entered_over_limit;
   entry.shared_units = ticket.shared_units;
   entry.shared_slots = ticket.shared_slots;
+  entry.hint = UsabilityHint::of(ticket);
   try {
     entry = index().add(entry, listing.contents);
   } catch (const Error&) {
@@ -371,7 +372,8 @@ std::optional<Ticket> QueueDirectory::read_ticket(const IndexEntry& entry) const
         ticket->needed != entry.needed || ticket->priority != entry.priority ||
         ticket->named_gpus != entry.named_gpus ||
         ticket->entered_over_limit != entry.entered_over_limit ||
-        ticket->shared_units != entry.shared_units || ticket->shared_slots != entry.shared_slots)
+        ticket->shared_units != entry.shared_units || ticket->shared_slots != entry.shared_slots ||
+        (entry.hint.known && entry.hint != UsabilityHint::of(*ticket)))
       return std::nullopt;
     // Bounded: the tickets a plan reads are those near the head of the queue.
     if (open_tickets_.size() >= 256) open_tickets_.clear();

@@ -40,7 +40,8 @@ struct RawSlot {
   std::uint8_t flags;
   std::uint16_t shared_units;  // a shared request's memory units per GPU (0: whole GPUs)
   std::uint16_t shared_slots;  // ... or its slots
-  std::uint8_t reserved[6];
+  // Its UsabilityHint; zero in slots written before hints (6 bytes left reserved then).
+  std::array<std::uint8_t, UsabilityHint::kStoredSize> hint;
   std::uint64_t check;
 };
 static_assert(sizeof(RawSlot) == kRecordSize);
@@ -155,6 +156,7 @@ QueueIndex::Contents QueueIndex::read() const {
     e.entered_over_limit = (raw.flags & kOverLimit) != 0;
     e.shared_units = raw.shared_units;
     e.shared_slots = raw.shared_slots;
+    e.hint = UsabilityHint::from_stored(raw.hint);
     highest = std::max(highest, e.seq);
   }
   if (!found_free) contents.first_free = static_cast<std::uint32_t>(records > 0 ? records - 1 : 0);
@@ -186,6 +188,7 @@ IndexEntry QueueIndex::add(IndexEntry entry, const Contents& contents) {
                                         (entry.entered_over_limit ? kOverLimit : 0));
   raw.shared_units = static_cast<std::uint16_t>(std::min(entry.shared_units, kMaxSharedUnits));
   raw.shared_slots = static_cast<std::uint16_t>(std::min(entry.shared_slots, kMaxSharedUnits));
+  raw.hint = entry.hint.stored();
   raw.check = checksum(raw);
   write_exactly(fd_.get(), &raw, sizeof raw, slot_offset(entry.slot), "a new slot");
   RawHeader header{};

@@ -3,7 +3,7 @@
 // of opening, checking and parsing a ticket file per waiter.
 //
 // A slot holds what ordering the queue needs (arrival, user, process, priority, size, flags, and
-// a shared request's memory units or slots)
+// a shared request's memory units or slots), a hint of which GPUs it could use (UsabilityHint),
 // and the id of the waiter's ticket file, which stays the truth: a slot counts only while its
 // ticket is live (QueueDirectory). Planners read a ticket's details and check its liveness only
 // when the plan reaches it while some GPU is still free (see plan_queue's loader), so the cost
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gpulock/queue.hpp"
+#include "local/usability_hint.h"
 #include "queue/ticket_id.h"
 #include "util/fd.h"
 
@@ -43,6 +44,9 @@ struct IndexEntry {
   // A shared request's memory units per GPU, or slots (see Ticket); 0 for whole GPUs.
   std::uint32_t shared_units = 0;
   std::uint32_t shared_slots = 0;
+  // Its candidates and health filters in brief, to pass it over without reading its ticket
+  // when no GPU still open could serve it (unknown in slots of versions before hints).
+  UsabilityHint hint;
 };
 
 class QueueIndex {

@@ -193,14 +193,23 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
                 std::vector<PlanRequest>& requests, const DistanceFunction& distance,
                 const RequestLoader& load);
 
+// A GPU still open at some point of a walk: nobody earlier was given or reserved it as a whole,
+// and it is free or has memory left for shared leases.
+struct OpenGpu {
+  std::string uuid;
+  bool whole = false;       // free, and no part given: an exclusive request may take or reserve it
+  bool shared_use = false;  // held by shared leases only, with memory left
+};
+
 // The walk of plan_queue along an order made before (by order_queue, of these requests or of a
-// longer queue whose head they are). With `open_after`, also says whether some GPU was still
-// open (free and neither given nor reserved, or in shared use with memory left) once the first
-// `prefix` requests of the order were walked: if none was, no request further back in that
-// longer queue could have been served or reserved anything.
+// longer queue whose head they are). With `open_after`, also says which GPUs were still open
+// once the first `prefix` requests of the order were walked: if none was, no request further
+// back in that longer queue could have been served or reserved anything; if some were, only a
+// request that could claim one of them (take it, reserve it, or hold it back) could. GPUs only
+// close as a walk goes on.
 Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRequest>& requests,
                          const QueueOrder& order, const DistanceFunction& distance,
                          const RequestLoader& load, std::size_t prefix = 0,
-                         bool* open_after = nullptr);
+                         std::vector<OpenGpu>* open_after = nullptr);
 
 }  // namespace gpulock

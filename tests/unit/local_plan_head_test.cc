@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,8 +36,9 @@ class LocalPlanHeadTest : public ::testing::Test {
     return options;
   }
 
-  // Registers a waiter of this user for `needed` of `candidates` (all of them when `named`).
-  void Wait(std::vector<std::string> candidates, bool named) {
+  // Registers a waiter of this user for one of `candidates` (all of them when `named`), with no
+  // health filter but the default one (no processes outside gpulock) unless `allow_foreign`.
+  void Wait(std::vector<std::string> candidates, bool named, bool allow_foreign = false) {
     if (!queue_) {
       locks_.emplace(LockDirectory::open(lock_dir_));
       queue_ = QueueDirectory::open(*locks_, true);
@@ -47,6 +49,7 @@ class LocalPlanHeadTest : public ::testing::Test {
     t.process = self_process_id();
     t.needed = 1;
     t.named_gpus = named;
+    t.allow_foreign_processes = allow_foreign;
     t.candidates = std::move(candidates);
     waiters_.push_back(queue_->enter(t));
   }
@@ -69,6 +72,29 @@ TEST_F(LocalPlanHeadTest, AWaiterBehindTheFirstHeadTakesTheFreeGpuBeforeANewcome
   newcomer.acquire(Count(1)).release();
   Wait({SimUuid(0), SimUuid(1)}, false);
   ExpectError([&] { newcomer.acquire(Count(1)); }, ErrorCode::kTimedOut, "not free now");
+}
+
+// 40 waiters for any GPU behind held GPU 0, while free GPU 1 runs a process outside gpulock that
+// their default filter refuses: a newcomer that allows such processes takes GPU 1 (the plan
+// passes over the 40 by their slots' hints), but not once a waiter that allows them stands
+// behind the 40.
+TEST_F(LocalPlanHeadTest, WaitersWhoseFilterRefusesTheFreeGpuArePassedOverButNotOneThatTakesIt) {
+  const std::filesystem::path gpus = temp_.path() / "gpus.json";
+  {
+    std::ofstream out(gpus);
+    out << R"({"gpus": [{}, {"processes": [{"pid": 4711}]}]})";
+  }
+  GpuPool pool(make_simulated_source_from_file(gpus.string()), Options());
+  Lease holder = pool.acquire(Named({SimUuid(0)}));
+  for (int i = 0; i < 40; ++i) Wait({SimUuid(0), SimUuid(1)}, false);
+  GpuPool newcomer(make_simulated_source_from_file(gpus.string()), Options());
+  LeaseRequest allowing = Count(1);
+  allowing.allow_foreign_processes = true;
+  Lease taken = newcomer.acquire(allowing);
+  EXPECT_EQ(taken.gpus().front().uuid, SimUuid(1));
+  taken.release();
+  Wait({SimUuid(0), SimUuid(1)}, false, true);
+  ExpectError([&] { newcomer.acquire(allowing); }, ErrorCode::kTimedOut, "not free now");
 }
 
 // The position a waiter is told counts the whole queue, not the head that was planned.

@@ -28,6 +28,8 @@
 #include "gpulock/error.hpp"
 #include "local/gpu_lock_file.h"
 #include "local/lock_directory.h"
+#include "local/queue_index.h"
+#include "local/usability_hint.h"
 #include "process/process_identity.h"
 #include "queue/ticket.h"
 #include "scoped_umask.h"
@@ -776,6 +778,37 @@ TEST_F(QueueDirectoryTest, ReadTicketGivesTheDetailsOfALiveWaiterOnly) {
   ASSERT_EQ(after.index.size(), 2u) << "a waiter that died keeps its slot until found dead";
   EXPECT_FALSE(queue_->read_ticket(after.index[1]).has_value());
   EXPECT_EQ(after.index[1].id, dead.id);
+}
+
+TEST_F(QueueDirectoryTest, ASlotCarriesTheHintOfItsTicketAndAForgedHintIsNotBelieved) {
+  Ticket t = MakeTicket(0);
+  t.candidates.push_back("GPU-5e1f0a7e-0000-4000-8000-000000000001");
+  OwnTicket own = queue_->enter(t);
+  const auto listing = queue_->list_index();
+  ASSERT_EQ(listing.index.size(), 1u);
+  EXPECT_EQ(listing.index[0].hint, UsabilityHint::of(own.ticket()));
+  EXPECT_TRUE(listing.index[0].hint.known);
+  EXPECT_FALSE(listing.index[0].hint.foreign_check_only) << "it has a utilisation filter";
+
+  // The slot rewritten in place with the same seq: a hint that disagrees with the ticket makes
+  // the slot not count, as any other field would; no hint (an older version's slot) is fine.
+  QueueIndex index(LockDirectory::open(QueuePath()));
+  const auto rewrite = [&](UsabilityHint hint) {
+    QueueIndex::Contents at_own_slot;
+    at_own_slot.next_seq = listing.index[0].seq;
+    at_own_slot.first_free = listing.index[0].slot;
+    IndexEntry entry = listing.index[0];
+    entry.hint = hint;
+    index.add(entry, at_own_slot);
+    const auto again = queue_->list_index();
+    EXPECT_EQ(again.index.size(), 1u);
+    return queue_->read_ticket(again.index.at(0)).has_value();
+  };
+  UsabilityHint forged = listing.index[0].hint;
+  forged.candidate_bits = ~forged.candidate_bits & ((std::uint64_t{1} << 40) - 1);
+  EXPECT_FALSE(rewrite(forged));
+  EXPECT_TRUE(rewrite(UsabilityHint()));
+  EXPECT_TRUE(rewrite(listing.index[0].hint));
 }
 
 TEST_F(QueueDirectoryTest, AWaiterKilledBetweenTheUnlinksOfItsLeavingIsCleanedUpFromItsSlot) {

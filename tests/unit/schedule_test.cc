@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <set>
@@ -16,6 +17,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "local/usability_hint.h"
 
 namespace gpulock {
 
@@ -1191,55 +1194,75 @@ TEST(PlanProperty, RandomBusyScenariosKeepTheContract) {
   }
 }
 
+// Walks only `members` of the whole queue (positions in `order`, ascending) and expects each of
+// them to be placed as the whole queue's plan places it.
+void ExpectMembersPlacedAsInWhole(const Scenario& s, const QueueOrder& order, const Plan& whole,
+                                  const std::vector<std::size_t>& places, const std::string& what) {
+  const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
+  std::vector<std::size_t> members;
+  for (const std::size_t place : places) members.push_back(order.order[place]);
+  std::vector<PlanRequest> head;
+  QueueOrder head_order;
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    head.push_back(s.requests[members[k]]);
+    head_order.order.push_back(k);
+    head_order.held_back.push_back(order.held_back[members[k]]);
+    head_order.may_enter.push_back(order.may_enter[members[k]]);
+  }
+  const Plan partial = plan_queue_in_order(s.gpus, head, head_order, distance, RequestLoader());
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    SCOPED_TRACE(what + ", request " + std::to_string(members[k]));
+    const Placement& mine = partial.of(k);
+    const Placement& theirs = whole.of(members[k]);
+    EXPECT_EQ(mine.standing, theirs.standing);
+    EXPECT_EQ(mine.gpus, theirs.gpus);
+    EXPECT_EQ(mine.held_back, theirs.held_back);
+    EXPECT_EQ(mine.may_enter, theirs.may_enter);
+    ASSERT_EQ(mine.obstacles.size(), theirs.obstacles.size());
+    for (std::size_t o = 0; o < mine.obstacles.size(); ++o) {
+      EXPECT_EQ(mine.obstacles[o].uuid, theirs.obstacles[o].uuid);
+      EXPECT_EQ(mine.obstacles[o].kind, theirs.obstacles[o].kind);
+      EXPECT_EQ(mine.obstacles[o].by.has_value(), theirs.obstacles[o].by.has_value());
+      if (mine.obstacles[o].by && theirs.obstacles[o].by) {
+        EXPECT_EQ(members[*mine.obstacles[o].by], *theirs.obstacles[o].by);
+      }
+    }
+  }
+}
+
+QueueOrder OrderOf(const Scenario& s) {
+  std::vector<OrderInput> inputs;
+  for (const PlanRequest& r : s.requests)
+    inputs.push_back(order_input(r, r.limits.max_waiting, r.user_last_served));
+  return order_queue(s.policy, s.gpus, inputs);
+}
+
+// The GPUs open after the first h requests of the order.
+std::vector<OpenGpu> OpenAfter(const Scenario& s, const QueueOrder& order, std::size_t h) {
+  const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
+  std::vector<OpenGpu> open;
+  std::vector<PlanRequest> copy = s.requests;
+  (void)plan_queue_in_order(s.gpus, copy, order, distance, RequestLoader(), h, &open);
+  return open;
+}
+
 // What LocalBackend::plan_head relies on: once no GPU is open after the first h requests of the
 // whole queue's order, walking only those h (and one request from further back, placed after
 // them) decides for them, and for that one, what the whole queue's plan decides.
 void CheckHeadsOf(const Scenario& s) {
   const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
-  std::vector<PlanRequest> all = s.requests;
-  std::vector<OrderInput> inputs;
-  for (const PlanRequest& r : all)
-    inputs.push_back(order_input(r, r.limits.max_waiting, r.user_last_served));
-  const QueueOrder order = order_queue(s.policy, s.gpus, inputs);
-  const Plan whole = plan_queue(s.policy, s.gpus, all, distance);
-  ASSERT_EQ(order.order.size(), all.size());
-  for (std::size_t k = 0; k < all.size(); ++k)
+  const QueueOrder order = OrderOf(s);
+  const Plan whole = plan_queue(s.policy, s.gpus, s.requests, distance);
+  ASSERT_EQ(order.order.size(), s.requests.size());
+  for (std::size_t k = 0; k < s.requests.size(); ++k)
     ASSERT_EQ(whole.order[k].request, order.order[k]) << "the same order as plan_queue's";
-  for (std::size_t h = 1; h < all.size(); h *= 2) {
-    bool open_after = true;
-    std::vector<PlanRequest> copy = all;
-    (void)plan_queue_in_order(s.gpus, copy, order, distance, RequestLoader(), h, &open_after);
-    if (open_after) continue;
+  for (std::size_t h = 1; h < s.requests.size(); h *= 2) {
+    if (!OpenAfter(s, order, h).empty()) continue;
     // The head, and the last request of the order (ours, standing behind everyone).
-    std::vector<std::size_t> members(order.order.begin(), order.order.begin() + h);
-    members.push_back(order.order.back());
-    std::vector<PlanRequest> head;
-    QueueOrder head_order;
-    for (std::size_t k = 0; k < members.size(); ++k) {
-      head.push_back(all[members[k]]);
-      head_order.order.push_back(k);
-      head_order.held_back.push_back(order.held_back[members[k]]);
-      head_order.may_enter.push_back(order.may_enter[members[k]]);
-    }
-    const Plan partial = plan_queue_in_order(s.gpus, head, head_order, distance, RequestLoader());
-    for (std::size_t k = 0; k < members.size(); ++k) {
-      SCOPED_TRACE("head " + std::to_string(h) + ", request " + std::to_string(members[k]));
-      const Placement& mine = partial.of(k);
-      const Placement& theirs = whole.of(members[k]);
-      EXPECT_EQ(mine.standing, theirs.standing);
-      EXPECT_EQ(mine.gpus, theirs.gpus);
-      EXPECT_EQ(mine.held_back, theirs.held_back);
-      EXPECT_EQ(mine.may_enter, theirs.may_enter);
-      ASSERT_EQ(mine.obstacles.size(), theirs.obstacles.size());
-      for (std::size_t o = 0; o < mine.obstacles.size(); ++o) {
-        EXPECT_EQ(mine.obstacles[o].uuid, theirs.obstacles[o].uuid);
-        EXPECT_EQ(mine.obstacles[o].kind, theirs.obstacles[o].kind);
-        EXPECT_EQ(mine.obstacles[o].by.has_value(), theirs.obstacles[o].by.has_value());
-        if (mine.obstacles[o].by && theirs.obstacles[o].by) {
-          EXPECT_EQ(members[*mine.obstacles[o].by], *theirs.obstacles[o].by);
-        }
-      }
-    }
+    std::vector<std::size_t> places(h);
+    std::iota(places.begin(), places.end(), 0);
+    places.push_back(s.requests.size() - 1);
+    ExpectMembersPlacedAsInWhole(s, order, whole, places, "head " + std::to_string(h));
   }
 }
 
@@ -1252,6 +1275,71 @@ TEST(PlanHead, AHeadWithNoGpuOpenBehindItDecidesAsTheWholeQueue) {
     CheckHeadsOf(scenario);
     if (::testing::Test::HasFailure()) break;
   }
+}
+
+// What plan_head relies on when GPUs are open behind its head: leaving out every request behind
+// it that OpenGpuSieve says cannot claim one of them (by its hint: candidates, and the default
+// health filter judged from the devices) changes nobody's placement.
+TEST(PlanHead, LeavingOutWhomTheSieveRejectsDecidesAsTheWholeQueue) {
+  std::size_t sieved_out = 0;
+  for (unsigned seed = 1; seed <= 500; ++seed) {
+    std::mt19937 rng(seed);
+    Scenario s = RandomBusyScenario(rng);
+    const auto chance = [&rng](double p) { return std::bernoulli_distribution(p)(rng); };
+    // Processes outside gpulock on some GPUs; requests whose only filter is the default one are
+    // unhealthy exactly there (unless they allow them), the others keep their random health.
+    std::vector<Device> devices;
+    std::set<std::string> foreign;
+    for (const PlannedGpu& g : s.gpus) {
+      Device& d = devices.emplace_back();
+      d.uuid = g.uuid;
+      if (chance(0.4)) {
+        d.processes.push_back(GpuProcess{4242, std::nullopt});
+        foreign.insert(g.uuid);
+      }
+    }
+    std::vector<UsabilityHint> hints;
+    for (PlanRequest& r : s.requests) {
+      Ticket t;
+      t.candidates = r.candidates;
+      if (chance(0.6)) {
+        t.allow_foreign_processes = chance(0.3);
+        r.unhealthy.clear();
+        for (const auto& uuid : r.candidates)
+          if (!t.allow_foreign_processes && foreign.count(uuid)) r.unhealthy.push_back(uuid);
+      } else {
+        t.max_utilization_percent = 50;  // some other filter: its health is not judged
+      }
+      hints.push_back(chance(0.1) ? UsabilityHint() : UsabilityHint::of(t));
+    }
+    const auto device_of = [&devices](const std::string& uuid) -> const Device* {
+      for (const Device& d : devices)
+        if (d.uuid == uuid) return &d;
+      return nullptr;
+    };
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
+    const QueueOrder order = OrderOf(s);
+    const Plan whole = plan_queue(s.policy, s.gpus, s.requests, distance);
+    for (std::size_t h = 1; h < s.requests.size(); h *= 2) {
+      const std::vector<OpenGpu> open = OpenAfter(s, order, h);
+      if (open.empty()) continue;
+      const OpenGpuSieve sieve(open, device_of);
+      std::vector<std::size_t> places(h);
+      std::iota(places.begin(), places.end(), 0);
+      for (std::size_t k = h; k + 1 < s.requests.size(); ++k) {
+        const std::size_t i = order.order[k];
+        if (!order.held_back[i] && sieve.may_claim(hints[i], s.requests[i].shared()))
+          places.push_back(k);
+        else
+          ++sieved_out;
+      }
+      places.push_back(s.requests.size() - 1);
+      ExpectMembersPlacedAsInWhole(s, order, whole, places, "sieved head " + std::to_string(h));
+    }
+    if (::testing::Test::HasFailure()) break;
+  }
+  EXPECT_GT(sieved_out, 100u) << "the scenarios leave few requests out: the test tests little";
 }
 
 }  // namespace
