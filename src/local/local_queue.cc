@@ -198,8 +198,8 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
   // Plan the head of that order: a request further back can only wait once no GPU is open
   // behind the head (the plan reads its details, and makes its ticket, only in the head). While
   // GPUs stay open behind it, the head doubles, along a sequence of the order that leaves out
-  // whoever surely could not claim any of them (their slots' hints against the open GPUs): a
-  // long queue of requests that cannot use a free GPU costs no more than a short one.
+  // whoever surely could not claim any GPU still claimable (their slots' hints against those
+  // GPUs): a long queue of requests that cannot use a free GPU costs no more than a short one.
   const std::size_t gone_before = gone ? gone->size() : 0;
   const auto distance = [this](const std::string& a, const std::string& b) {
     return source_->distance(a, b);
@@ -209,12 +209,13 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
   std::map<std::size_t, std::optional<Ticket>> read_before;
   // Positions in the order that the walk may need, in order: the whole order until GPUs are
   // found open behind the first head, then that head and the sieved rest (ours included).
+  // The last walk's positions are kept in `walked`, ascending.
   std::vector<std::size_t> sequence;
   bool sieved = false;
   const auto position_at = [&](std::size_t s) { return sieved ? sequence[s] : s; };
   std::size_t length = total;
   std::size_t head = std::min(total, kFirstHead);
-  std::vector<char> walked;
+  std::vector<std::size_t> walked;
   for (;; head = std::min(length, head * 2)) {
     if (gone) gone->resize(gone_before);
     // The head's requests in order, then ours if it is further back.
@@ -278,23 +279,22 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
       judge_health(t, device_of, snapshot.unhealthy_reasons[k], r);
       return true;
     };
-    std::vector<OpenGpu> open_behind;
+    std::vector<ClaimableGpu> claimable_behind;
     snapshot.plan = plan_queue_in_order(snapshot.gpus, requests, head_order, distance, load, head,
-                                        &open_behind);
-    if (open_behind.empty() || head == length) {
-      walked.assign(total, 0);
-      for (const std::size_t place : places) walked[place] = 1;
+                                        &claimable_behind);
+    if (claimable_behind.empty() || head == length) {
+      walked = std::move(places);
       break;
     }
     if (!sieved) {
-      // GPUs only close as the walk goes on: whoever cannot claim one open now never can.
-      const OpenGpuSieve sieve(open_behind, device_of);
+      // GPUs only close as the walk goes on: whoever cannot claim one now never can.
+      const ClaimSieve sieve(claimable_behind, device_of);
       sequence.reserve(total);
       for (std::size_t s = 0; s < head; ++s) sequence.push_back(s);
       for (std::size_t k = head; k < total; ++k) {
         const std::size_t i = order.order[k];
         if (i == me || (!order.held_back[i] &&
-                        sieve.may_claim(queued[i].hint,
+                        sieve.may_claim(queued[i].hint(),
                                         queued[i].shared_units > 0 || queued[i].shared_slots > 0)))
           sequence.push_back(k);
       }
@@ -302,19 +302,20 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
       length = sequence.size();
       // Nobody behind the head but ours (walked already): the plan is made.
       if (length == head || (length == head + 1 && sequence.back() == my_place)) {
-        walked.assign(total, 0);
-        for (const std::size_t place : places) walked[place] = 1;
+        walked = std::move(places);
         break;
       }
     }
   }
   snapshot.queue_length = total;
-  // Held-back requests come last: those with room now are usually left out of the walk.
-  for (std::size_t k = 0; k < total; ++k) {
+  // Held-back requests come last in the order: those with room now are usually not walked.
+  for (std::size_t k = total; k-- > 0 && order.held_back[order.order[k]];) {
     const std::size_t i = order.order[k];
-    if (!walked[k] && order.may_enter[i] && i != me && i < queued.size())
+    if (order.may_enter[i] && i != me && i < queued.size() &&
+        !std::binary_search(walked.begin(), walked.end(), k))
       snapshot.may_enter_beyond_head.push_back(queued[i].id);
   }
+  std::reverse(snapshot.may_enter_beyond_head.begin(), snapshot.may_enter_beyond_head.end());
   return snapshot;
 }
 

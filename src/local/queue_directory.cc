@@ -286,7 +286,7 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
   entry.entered_over_limit = ticket.entered_over_limit;
   entry.shared_units = ticket.shared_units;
   entry.shared_slots = ticket.shared_slots;
-  entry.hint = UsabilityHint::of(ticket);
+  entry.stored_hint = UsabilityHint::of(ticket).stored();
   try {
     entry = index().add(entry, listing.contents);
   } catch (const Error&) {
@@ -372,13 +372,16 @@ std::optional<Ticket> QueueDirectory::read_ticket(const IndexEntry& entry) const
         ticket->needed != entry.needed || ticket->priority != entry.priority ||
         ticket->named_gpus != entry.named_gpus ||
         ticket->entered_over_limit != entry.entered_over_limit ||
-        ticket->shared_units != entry.shared_units || ticket->shared_slots != entry.shared_slots ||
-        (entry.hint.known && entry.hint != UsabilityHint::of(*ticket)))
+        ticket->shared_units != entry.shared_units || ticket->shared_slots != entry.shared_slots)
       return std::nullopt;
     // Bounded: the tickets a plan reads are those near the head of the queue.
     if (open_tickets_.size() >= 256) open_tickets_.clear();
-    it = open_tickets_.insert_or_assign(entry.id, OpenTicket{std::move(file), *ticket}).first;
+    const UsabilityHint hint = UsabilityHint::of(*ticket);
+    it = open_tickets_.insert_or_assign(entry.id, OpenTicket{std::move(file), *ticket, hint}).first;
   }
+  // The slot's hint is checked at every reading: the slot may have been rewritten since.
+  if (const UsabilityHint hint = entry.hint(); hint.known && hint != it->second.hint)
+    return std::nullopt;
   if (!is_locked_elsewhere(it->second.fd.get())) {
     open_tickets_.erase(it);
     return std::nullopt;

@@ -154,6 +154,7 @@ class QueueDirectory {
   struct OpenTicket {
     UniqueFd fd;
     Ticket ticket;
+    UsabilityHint hint;  // the ticket's, against which every reading checks its slot's
   };
   mutable std::mutex open_tickets_mutex_;
   mutable std::map<std::string, OpenTicket, std::less<>> open_tickets_;

@@ -156,7 +156,7 @@ QueueIndex::Contents QueueIndex::read() const {
     e.entered_over_limit = (raw.flags & kOverLimit) != 0;
     e.shared_units = raw.shared_units;
     e.shared_slots = raw.shared_slots;
-    e.hint = UsabilityHint::from_stored(raw.hint);
+    e.stored_hint = raw.hint;
     highest = std::max(highest, e.seq);
   }
   if (!found_free) contents.first_free = static_cast<std::uint32_t>(records > 0 ? records - 1 : 0);
@@ -188,7 +188,7 @@ IndexEntry QueueIndex::add(IndexEntry entry, const Contents& contents) {
                                         (entry.entered_over_limit ? kOverLimit : 0));
   raw.shared_units = static_cast<std::uint16_t>(std::min(entry.shared_units, kMaxSharedUnits));
   raw.shared_slots = static_cast<std::uint16_t>(std::min(entry.shared_slots, kMaxSharedUnits));
-  raw.hint = entry.hint.stored();
+  raw.hint = entry.stored_hint;
   raw.check = checksum(raw);
   write_exactly(fd_.get(), &raw, sizeof raw, slot_offset(entry.slot), "a new slot");
   RawHeader header{};

@@ -17,6 +17,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -45,8 +46,10 @@ struct IndexEntry {
   std::uint32_t shared_units = 0;
   std::uint32_t shared_slots = 0;
   // Its candidates and health filters in brief, to pass it over without reading its ticket
-  // when no GPU still open could serve it (unknown in slots of versions before hints).
-  UsabilityHint hint;
+  // when no GPU still claimable could serve it (unknown in slots of versions before hints). As
+  // the slot stores it, decoded on demand: most plans never look at it.
+  std::array<std::uint8_t, UsabilityHint::kStoredSize> stored_hint{};
+  UsabilityHint hint() const { return UsabilityHint::from_stored(stored_hint); }
 };
 
 class QueueIndex {

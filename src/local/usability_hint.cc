@@ -56,9 +56,9 @@ UsabilityHint UsabilityHint::from_stored(const std::array<std::uint8_t, kStoredS
   return hint;
 }
 
-OpenGpuSieve::OpenGpuSieve(const std::vector<OpenGpu>& open,
-                           const std::function<const Device*(const std::string&)>& device_of) {
-  for (const OpenGpu& o : open) {
+ClaimSieve::ClaimSieve(const std::vector<ClaimableGpu>& claimable,
+                       const std::function<const Device*(const std::string&)>& device_of) {
+  for (const ClaimableGpu& o : claimable) {
     Gpu& g = gpus_.emplace_back();
     g.bit = UsabilityHint::bit_of(o.uuid);
     g.whole = o.whole;
@@ -74,7 +74,7 @@ OpenGpuSieve::OpenGpuSieve(const std::vector<OpenGpu>& open,
   }
 }
 
-bool OpenGpuSieve::may_claim(const UsabilityHint& hint, bool shared_request) const {
+bool ClaimSieve::may_claim(const UsabilityHint& hint, bool shared_request) const {
   if (!hint.known) return true;
   if ((hint.candidate_bits & any_bits_) == 0) return false;
   for (const Gpu& g : gpus_) {

@@ -49,15 +49,15 @@ struct UsabilityHint {
   friend bool operator==(const UsabilityHint&, const UsabilityHint&) = default;
 };
 
-// The GPUs still open after the head of a plan (plan_queue_in_order), judged once, against which
-// the waiters behind the head are sieved by their hints: may_claim() is false only for a waiter
-// that surely can neither take nor reserve nor hold back any of them. Such a waiter takes part in
-// the whole queue's plan as one that waits and claims nothing (the open GPUs only close as a walk
+// The GPUs still claimable after the head of a plan (plan_queue_in_order), judged once, against
+// which the waiters behind the head are sieved by their hints: may_claim() is false only for a
+// waiter that surely can neither take nor reserve nor hold back any of them. Such a waiter takes
+// part in the whole queue's plan as one that waits and claims nothing (GPUs only close as a walk
 // goes on), so leaving it out of the walk changes nobody's place or GPUs.
-class OpenGpuSieve {
+class ClaimSieve {
  public:
-  OpenGpuSieve(const std::vector<OpenGpu>& open,
-               const std::function<const Device*(const std::string&)>& device_of);
+  ClaimSieve(const std::vector<ClaimableGpu>& claimable,
+             const std::function<const Device*(const std::string&)>& device_of);
 
   bool may_claim(const UsabilityHint& hint, bool shared_request) const;
 

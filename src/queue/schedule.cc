@@ -166,7 +166,7 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
 Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRequest>& requests,
                          const QueueOrder& order, const DistanceFunction& distance,
                          const RequestLoader& load, std::size_t prefix,
-                         std::vector<OpenGpu>* open_after) {
+                         std::vector<ClaimableGpu>* claimable_after) {
   std::map<uid_t, std::uint64_t> held_by_user;  // whole GPUs, for max_gpus
   for (const auto& gpu : gpus)
     if (gpu.held && gpu.holder_uid) ++held_by_user[*gpu.holder_uid];
@@ -212,23 +212,22 @@ Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRe
     none_left = true;
     return false;
   };
-  const auto list_open_gpus = [&] {
-    std::vector<OpenGpu> open;
-    if (!open_gpu_left()) return open;
-    for (const auto& [uuid, w] : walk) {
-      if (claimed.count(uuid)) continue;
-      const bool whole = w.free && !w.shared_given_to;
-      const bool with_room = (w.free || w.shared_use) && w.units_left > 0;
-      if (whole || with_room) open.push_back({uuid, whole, w.shared_use && with_room});
-    }
-    return open;
+  // Not only the open ones: a request that loads while some GPU is open also holds back GPUs
+  // in shared use without memory left, and free ones that shared requests took all of.
+  const auto list_claimable_gpus = [&] {
+    std::vector<ClaimableGpu> claimable;
+    if (!open_gpu_left()) return claimable;
+    for (const auto& [uuid, w] : walk)
+      if (!claimed.count(uuid) && (w.free || w.shared_use))
+        claimable.push_back({uuid, w.free && !w.shared_given_to, w.shared_use});
+    return claimable;
   };
 
   Plan plan;
   plan.position_of.assign(requests.size(), 0);
   plan.order.reserve(requests.size());
   for (std::size_t position = 0; position < order.order.size(); ++position) {
-    if (open_after && position == prefix) *open_after = list_open_gpus();
+    if (claimable_after && position == prefix) *claimable_after = list_claimable_gpus();
     const std::size_t index = order.order[position];
     const bool held_back = order.held_back[index] != 0;
     PlanRequest& r = requests[index];
@@ -370,7 +369,7 @@ Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRe
       }
     }
   }
-  if (open_after && prefix >= order.order.size()) *open_after = list_open_gpus();
+  if (claimable_after && prefix >= order.order.size()) *claimable_after = list_claimable_gpus();
   return plan;
 }
 

@@ -193,23 +193,25 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
                 std::vector<PlanRequest>& requests, const DistanceFunction& distance,
                 const RequestLoader& load);
 
-// A GPU still open at some point of a walk: nobody earlier was given or reserved it as a whole,
-// and it is free or has memory left for shared leases.
-struct OpenGpu {
+// A GPU that a request reached later in a walk could still claim (take, reserve, or hold back):
+// nobody earlier was given, reserved or held it back as a whole, and it is free or in shared use.
+// Such GPUs matter only while some GPU is open (free and not given, or with memory left for
+// shared leases): a request walked after the last one closes waits, and claims nothing.
+struct ClaimableGpu {
   std::string uuid;
   bool whole = false;       // free, and no part given: an exclusive request may take or reserve it
-  bool shared_use = false;  // held by shared leases only, with memory left
+  bool shared_use = false;  // held by shared leases only (an exclusive request holds it back)
 };
 
 // The walk of plan_queue along an order made before (by order_queue, of these requests or of a
-// longer queue whose head they are). With `open_after`, also says which GPUs were still open
-// once the first `prefix` requests of the order were walked: if none was, no request further
-// back in that longer queue could have been served or reserved anything; if some were, only a
-// request that could claim one of them (take it, reserve it, or hold it back) could. GPUs only
+// longer queue whose head they are). With `claimable_after`, also says which GPUs were still
+// claimable once the first `prefix` requests of the order were walked: none when no GPU was
+// open then, and then no request further back in that longer queue could have been served or
+// claimed anything; otherwise only a request that could claim one of them could. GPUs only
 // close as a walk goes on.
 Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRequest>& requests,
                          const QueueOrder& order, const DistanceFunction& distance,
                          const RequestLoader& load, std::size_t prefix = 0,
-                         std::vector<OpenGpu>* open_after = nullptr);
+                         std::vector<ClaimableGpu>* claimable_after = nullptr);
 
 }  // namespace gpulock

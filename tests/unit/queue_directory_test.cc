@@ -786,9 +786,9 @@ TEST_F(QueueDirectoryTest, ASlotCarriesTheHintOfItsTicketAndAForgedHintIsNotBeli
   OwnTicket own = queue_->enter(t);
   const auto listing = queue_->list_index();
   ASSERT_EQ(listing.index.size(), 1u);
-  EXPECT_EQ(listing.index[0].hint, UsabilityHint::of(own.ticket()));
-  EXPECT_TRUE(listing.index[0].hint.known);
-  EXPECT_FALSE(listing.index[0].hint.foreign_check_only) << "it has a utilisation filter";
+  EXPECT_EQ(listing.index[0].hint(), UsabilityHint::of(own.ticket()));
+  EXPECT_TRUE(listing.index[0].hint().known);
+  EXPECT_FALSE(listing.index[0].hint().foreign_check_only) << "it has a utilisation filter";
 
   // The slot rewritten in place with the same seq: a hint that disagrees with the ticket makes
   // the slot not count, as any other field would; no hint (an older version's slot) is fine.
@@ -798,17 +798,22 @@ TEST_F(QueueDirectoryTest, ASlotCarriesTheHintOfItsTicketAndAForgedHintIsNotBeli
     at_own_slot.next_seq = listing.index[0].seq;
     at_own_slot.first_free = listing.index[0].slot;
     IndexEntry entry = listing.index[0];
-    entry.hint = hint;
+    entry.stored_hint = hint.stored();
     index.add(entry, at_own_slot);
     const auto again = queue_->list_index();
     EXPECT_EQ(again.index.size(), 1u);
     return queue_->read_ticket(again.index.at(0)).has_value();
   };
-  UsabilityHint forged = listing.index[0].hint;
+  UsabilityHint forged = listing.index[0].hint();
   forged.candidate_bits = ~forged.candidate_bits & ((std::uint64_t{1} << 40) - 1);
-  EXPECT_FALSE(rewrite(forged));
+  EXPECT_TRUE(rewrite(listing.index[0].hint()));
+  EXPECT_FALSE(rewrite(forged)) << "also once the ticket was read and is kept open";
   EXPECT_TRUE(rewrite(UsabilityHint()));
-  EXPECT_TRUE(rewrite(listing.index[0].hint));
+  EXPECT_FALSE(rewrite(forged));
+  const auto fresh = QueueDirectory::open(locks_, false);
+  ASSERT_TRUE(fresh);
+  EXPECT_FALSE(fresh->read_ticket(queue_->list_index().index.at(0)).has_value())
+      << "nor by a reader that never read it before";
 }
 
 TEST_F(QueueDirectoryTest, AWaiterKilledBetweenTheUnlinksOfItsLeavingIsCleanedUpFromItsSlot) {

@@ -1194,22 +1194,10 @@ TEST(PlanProperty, RandomBusyScenariosKeepTheContract) {
   }
 }
 
-// Walks only `members` of the whole queue (positions in `order`, ascending) and expects each of
-// them to be placed as the whole queue's plan places it.
-void ExpectMembersPlacedAsInWhole(const Scenario& s, const QueueOrder& order, const Plan& whole,
-                                  const std::vector<std::size_t>& places, const std::string& what) {
-  const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
-  std::vector<std::size_t> members;
-  for (const std::size_t place : places) members.push_back(order.order[place]);
-  std::vector<PlanRequest> head;
-  QueueOrder head_order;
-  for (std::size_t k = 0; k < members.size(); ++k) {
-    head.push_back(s.requests[members[k]]);
-    head_order.order.push_back(k);
-    head_order.held_back.push_back(order.held_back[members[k]]);
-    head_order.may_enter.push_back(order.may_enter[members[k]]);
-  }
-  const Plan partial = plan_queue_in_order(s.gpus, head, head_order, distance, RequestLoader());
+// Expects each of `members` (request indices) to be placed in `partial` (of the members, in
+// that order) as the whole queue's plan places it.
+void ExpectPlacedAsInWhole(const Plan& partial, const std::vector<std::size_t>& members,
+                           const Plan& whole, const std::string& what) {
   for (std::size_t k = 0; k < members.size(); ++k) {
     SCOPED_TRACE(what + ", request " + std::to_string(members[k]));
     const Placement& mine = partial.of(k);
@@ -1230,6 +1218,74 @@ void ExpectMembersPlacedAsInWhole(const Scenario& s, const QueueOrder& order, co
   }
 }
 
+// The walk of only the requests at `places` of the order (ascending), as plan_head walks them:
+// every request but `ours` (a request index; none if out of range) has only its ordering fields
+// until the walk reads its details.
+Plan WalkOf(const Scenario& s, const QueueOrder& order, const std::vector<std::size_t>& places,
+            std::size_t ours, std::vector<std::size_t>& members) {
+  const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
+  members.clear();
+  for (const std::size_t place : places) members.push_back(order.order[place]);
+  std::vector<PlanRequest> walked;
+  QueueOrder walk_order;
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    PlanRequest r = s.requests[members[k]];
+    if (members[k] != ours) {
+      r.details_pending = true;
+      r.candidates.clear();
+      r.unhealthy.clear();
+    }
+    walked.push_back(std::move(r));
+    walk_order.order.push_back(k);
+    walk_order.held_back.push_back(order.held_back[members[k]]);
+    walk_order.may_enter.push_back(order.may_enter[members[k]]);
+  }
+  const RequestLoader load = [&](std::size_t k, PlanRequest& r) {
+    r.candidates = s.requests[members[k]].candidates;
+    r.unhealthy = s.requests[members[k]].unhealthy;
+    return true;
+  };
+  return plan_queue_in_order(s.gpus, walked, walk_order, distance, load);
+}
+
+// The whole queue's walk as plan_head walked it before it had a head: every request but `ours`
+// read on demand. Its placements are by request index.
+Plan WholeWalkOf(const Scenario& s, const QueueOrder& order, std::size_t ours) {
+  const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
+  std::vector<PlanRequest> requests = s.requests;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (i == ours) continue;
+    requests[i].details_pending = true;
+    requests[i].candidates.clear();
+    requests[i].unhealthy.clear();
+  }
+  const RequestLoader load = [&](std::size_t i, PlanRequest& r) {
+    r.candidates = s.requests[i].candidates;
+    r.unhealthy = s.requests[i].unhealthy;
+    return true;
+  };
+  return plan_queue_in_order(s.gpus, requests, order, distance, load);
+}
+
+// Walks only the requests at `places` of the order (ascending), every one's details known, and
+// expects each to be placed as the whole queue's plan places it.
+void ExpectMembersPlacedAsInWhole(const Scenario& s, const QueueOrder& order, const Plan& whole,
+                                  const std::vector<std::size_t>& places, const std::string& what) {
+  const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
+  std::vector<std::size_t> members;
+  for (const std::size_t place : places) members.push_back(order.order[place]);
+  std::vector<PlanRequest> head;
+  QueueOrder head_order;
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    head.push_back(s.requests[members[k]]);
+    head_order.order.push_back(k);
+    head_order.held_back.push_back(order.held_back[members[k]]);
+    head_order.may_enter.push_back(order.may_enter[members[k]]);
+  }
+  ExpectPlacedAsInWhole(plan_queue_in_order(s.gpus, head, head_order, distance, RequestLoader()),
+                        members, whole, what);
+}
+
 QueueOrder OrderOf(const Scenario& s) {
   std::vector<OrderInput> inputs;
   for (const PlanRequest& r : s.requests)
@@ -1238,9 +1294,10 @@ QueueOrder OrderOf(const Scenario& s) {
 }
 
 // The GPUs open after the first h requests of the order.
-std::vector<OpenGpu> OpenAfter(const Scenario& s, const QueueOrder& order, std::size_t h) {
+std::vector<ClaimableGpu> ClaimableAfter(const Scenario& s, const QueueOrder& order,
+                                         std::size_t h) {
   const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
-  std::vector<OpenGpu> open;
+  std::vector<ClaimableGpu> open;
   std::vector<PlanRequest> copy = s.requests;
   (void)plan_queue_in_order(s.gpus, copy, order, distance, RequestLoader(), h, &open);
   return open;
@@ -1257,7 +1314,7 @@ void CheckHeadsOf(const Scenario& s) {
   for (std::size_t k = 0; k < s.requests.size(); ++k)
     ASSERT_EQ(whole.order[k].request, order.order[k]) << "the same order as plan_queue's";
   for (std::size_t h = 1; h < s.requests.size(); h *= 2) {
-    if (!OpenAfter(s, order, h).empty()) continue;
+    if (!ClaimableAfter(s, order, h).empty()) continue;
     // The head, and the last request of the order (ours, standing behind everyone).
     std::vector<std::size_t> places(h);
     std::iota(places.begin(), places.end(), 0);
@@ -1277,15 +1334,42 @@ TEST(PlanHead, AHeadWithNoGpuOpenBehindItDecidesAsTheWholeQueue) {
   }
 }
 
+// Adds shared leases to a scenario: some held GPUs become GPUs in shared use (with memory left
+// or not), free ones get memory units, and some requests become shared ones.
+void AddSharedUse(Scenario& s, std::mt19937& rng) {
+  const auto chance = [&rng](double p) { return std::bernoulli_distribution(p)(rng); };
+  const auto uniform = [&rng](int lo, int hi) {
+    return std::uniform_int_distribution<int>(lo, hi)(rng);
+  };
+  for (PlannedGpu& g : s.gpus) {
+    g.total_units = 8;
+    if (!g.held) {
+      g.free_units = 8;
+    } else if (chance(0.5)) {
+      g.shared_use = true;
+      g.free_units = static_cast<std::uint32_t>(uniform(0, 8));
+      g.shared_jobs = static_cast<unsigned>(uniform(1, 3));
+    }
+  }
+  for (PlanRequest& r : s.requests) {
+    if (!chance(0.35)) continue;
+    r.shared_units = static_cast<std::uint32_t>(uniform(1, 8));
+    if (chance(0.3)) r.job_cap = static_cast<unsigned>(uniform(1, 3));
+    r.spread = chance(0.3);
+  }
+}
+
 // What plan_head relies on when GPUs are open behind its head: leaving out every request behind
-// it that OpenGpuSieve says cannot claim one of them (by its hint: candidates, and the default
-// health filter judged from the devices) changes nobody's placement.
+// it that ClaimSieve says cannot claim a GPU still claimable (by its hint: candidates, and the
+// default health filter judged from the devices) changes nobody's placement. Walked as plan_head
+// walks (details read on demand), ours anywhere behind the head, with shared leases or without.
 TEST(PlanHead, LeavingOutWhomTheSieveRejectsDecidesAsTheWholeQueue) {
   std::size_t sieved_out = 0;
-  for (unsigned seed = 1; seed <= 500; ++seed) {
+  for (unsigned seed = 1; seed <= 1000; ++seed) {
     std::mt19937 rng(seed);
     Scenario s = RandomBusyScenario(rng);
     const auto chance = [&rng](double p) { return std::bernoulli_distribution(p)(rng); };
+    if (seed % 2 == 0) AddSharedUse(s, rng);
     // Processes outside gpulock on some GPUs; requests whose only filter is the default one are
     // unhealthy exactly there (unless they allow them), the others keep their random health.
     std::vector<Device> devices;
@@ -1317,25 +1401,31 @@ TEST(PlanHead, LeavingOutWhomTheSieveRejectsDecidesAsTheWholeQueue) {
         if (d.uuid == uuid) return &d;
       return nullptr;
     };
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
+    SCOPED_TRACE("seed " + std::to_string(seed) + "\n" + DescribeScenario(s));
+    const std::size_t n = s.requests.size();
     const QueueOrder order = OrderOf(s);
-    const Plan whole = plan_queue(s.policy, s.gpus, s.requests, distance);
-    for (std::size_t h = 1; h < s.requests.size(); h *= 2) {
-      const std::vector<OpenGpu> open = OpenAfter(s, order, h);
-      if (open.empty()) continue;
-      const OpenGpuSieve sieve(open, device_of);
+    for (std::size_t h = 1; h < n; h *= 2) {
+      const std::vector<ClaimableGpu> claimable = ClaimableAfter(s, order, h);
+      if (claimable.empty()) continue;
+      const ClaimSieve sieve(claimable, device_of);
+      // Ours: a request behind the head, always walked with its details known.
+      const std::size_t our_place =
+          h + std::uniform_int_distribution<std::size_t>(0, n - h - 1)(rng);
+      const std::size_t ours = order.order[our_place];
+      const Plan whole = WholeWalkOf(s, order, ours);
       std::vector<std::size_t> places(h);
       std::iota(places.begin(), places.end(), 0);
-      for (std::size_t k = h; k + 1 < s.requests.size(); ++k) {
+      for (std::size_t k = h; k < n; ++k) {
         const std::size_t i = order.order[k];
-        if (!order.held_back[i] && sieve.may_claim(hints[i], s.requests[i].shared()))
+        if (k == our_place ||
+            (!order.held_back[i] && sieve.may_claim(hints[i], s.requests[i].shared())))
           places.push_back(k);
         else
           ++sieved_out;
       }
-      places.push_back(s.requests.size() - 1);
-      ExpectMembersPlacedAsInWhole(s, order, whole, places, "sieved head " + std::to_string(h));
+      std::vector<std::size_t> members;
+      const Plan partial = WalkOf(s, order, places, ours, members);
+      ExpectPlacedAsInWhole(partial, members, whole, "sieved head " + std::to_string(h));
     }
     if (::testing::Test::HasFailure()) break;
   }

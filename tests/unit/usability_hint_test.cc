@@ -44,23 +44,24 @@ TEST(UsabilityHint, ZeroUnknownFlagsOrBitsBeyondTheFilterAreUnknown) {
 
 TEST(UsabilityHint, TheBitOfAUuidIsFixedAcrossVersions) {
   // Slots written by one version are read by another: the hash must never change.
-  EXPECT_EQ(UsabilityHint::bit_of(""), std::uint64_t{1} << (0xcbf29ce484222325ull % 40));
-  EXPECT_EQ(UsabilityHint::bit_of(kA), UsabilityHint::bit_of(std::string(kA)));
+  // FNV-1a 64 of the UUID, modulo 40 (computed apart from the code under test).
+  EXPECT_EQ(UsabilityHint::bit_of(kA), std::uint64_t{1} << 2);
+  EXPECT_EQ(UsabilityHint::bit_of(kB), std::uint64_t{1} << 13);
   const UsabilityHint hint = HintOf({kA, kB});
   EXPECT_EQ(hint.candidate_bits, UsabilityHint::bit_of(kA) | UsabilityHint::bit_of(kB));
   EXPECT_LT(hint.candidate_bits, std::uint64_t{1} << UsabilityHint::kCandidateBits);
 }
 
-class OpenGpuSieveTest : public ::testing::Test {
+class ClaimSieveTest : public ::testing::Test {
  protected:
-  OpenGpuSieveTest() {
+  ClaimSieveTest() {
     devices_.resize(2);
     devices_[0].uuid = kA;
     devices_[1].uuid = kB;
     devices_[1].processes.push_back(GpuProcess{4711, std::nullopt});  // outside gpulock
   }
-  OpenGpuSieve Sieve(std::vector<OpenGpu> open) const {
-    return OpenGpuSieve(open, [this](const std::string& uuid) -> const Device* {
+  ClaimSieve Sieve(std::vector<ClaimableGpu> open) const {
+    return ClaimSieve(open, [this](const std::string& uuid) -> const Device* {
       for (const Device& d : devices_)
         if (d.uuid == uuid) return &d;
       return nullptr;
@@ -69,9 +70,9 @@ class OpenGpuSieveTest : public ::testing::Test {
   std::vector<Device> devices_;
 };
 
-TEST_F(OpenGpuSieveTest, PassesOverOnlyWhomNoOpenGpuCouldServe) {
+TEST_F(ClaimSieveTest, PassesOverOnlyWhomNoOpenGpuCouldServe) {
   ASSERT_NE(UsabilityHint::bit_of(kA), UsabilityHint::bit_of(kB)) << "the test needs two bits";
-  const OpenGpuSieve free_a = Sieve({{kA, true, false}});
+  const ClaimSieve free_a = Sieve({{kA, true, false}});
   EXPECT_TRUE(free_a.may_claim(HintOf({kA}), false));
   EXPECT_TRUE(free_a.may_claim(HintOf({kA, kB}), false));
   EXPECT_FALSE(free_a.may_claim(HintOf({kB}), false)) << "not a candidate";
@@ -80,8 +81,8 @@ TEST_F(OpenGpuSieveTest, PassesOverOnlyWhomNoOpenGpuCouldServe) {
   EXPECT_FALSE(Sieve({}).may_claim(HintOf({kA, kB}), false));
 }
 
-TEST_F(OpenGpuSieveTest, JudgesTheDefaultFilterOnlyForWhomItIsTheOnlyOne) {
-  const OpenGpuSieve free_b = Sieve({{kB, true, false}});  // runs a process outside gpulock
+TEST_F(ClaimSieveTest, JudgesTheDefaultFilterOnlyForWhomItIsTheOnlyOne) {
+  const ClaimSieve free_b = Sieve({{kB, true, false}});  // runs a process outside gpulock
   EXPECT_FALSE(free_b.may_claim(HintOf({kB}), false));
   EXPECT_TRUE(free_b.may_claim(HintOf({kB}, true), false)) << "--allow-foreign";
   EXPECT_TRUE(free_b.may_claim(HintOf({kB}, false, true), false)) << "another filter: unknown";
@@ -89,11 +90,13 @@ TEST_F(OpenGpuSieveTest, JudgesTheDefaultFilterOnlyForWhomItIsTheOnlyOne) {
   EXPECT_TRUE(free_b.may_claim(HintOf({kB}), true));
 }
 
-TEST_F(OpenGpuSieveTest, GpusOpenOnlyToSharedLeases) {
-  // In shared use with memory left: an exclusive request holds it back so that it drains.
+TEST_F(ClaimSieveTest, GpusInSharedUseOrPartlyGiven) {
+  // In shared use (with memory left or not): an exclusive request holds it back so that it
+  // drains, a shared one waits on it.
   EXPECT_TRUE(Sieve({{kB, false, true}}).may_claim(HintOf({kB}), false));
+  EXPECT_TRUE(Sieve({{kB, false, true}}).may_claim(HintOf({kB}), true));
   // Free, with part of it given in this plan: only shared requests may use it.
-  const OpenGpuSieve part_given = Sieve({{kA, false, false}});
+  const ClaimSieve part_given = Sieve({{kA, false, false}});
   EXPECT_FALSE(part_given.may_claim(HintOf({kA}), false));
   EXPECT_TRUE(part_given.may_claim(HintOf({kA}), true));
 }
