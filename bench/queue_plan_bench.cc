@@ -32,6 +32,32 @@ void raise_open_file_limit() {
   }
 }
 
+// Registers `waiting` requests of this user for one GPU: any (its candidate is `uuid`) or, when
+// `named`, exactly that GPU. What the index holds for `gpulock run -n 1` or `--gpus 0`.
+std::vector<gpulock::OwnTicket> queue_waiters(const gpulock::QueueDirectory& queue,
+                                              std::size_t waiting, const std::string& uuid,
+                                              bool named) {
+  std::vector<gpulock::OwnTicket> tickets;
+  tickets.reserve(waiting);
+  for (std::size_t i = 0; i < waiting; ++i) {
+    gpulock::Ticket t;
+    t.id = gpulock::make_lease_id();
+    t.uid = ::geteuid();
+    t.process = gpulock::self_process_id();
+    t.needed = 1;
+    t.named_gpus = named;
+    t.candidates = {uuid};
+    tickets.push_back(queue.enter(t));
+  }
+  return tickets;
+}
+
+// Both benchmarks at these queue lengths, side by side with an empty queue.
+void queue_sizes(benchmark::internal::Benchmark* b) {
+  b->ArgName("waiting")->Arg(0)->Arg(100)->Arg(1000)->Arg(4000);
+  b->Unit(benchmark::kMicrosecond)->Repetitions(5)->ReportAggregatesOnly(true);
+}
+
 void BM_NoWaitPlanBehindQueue(benchmark::State& state) {
   raise_open_file_limit();
   const auto waiting = static_cast<std::size_t>(state.range(0));
@@ -47,17 +73,7 @@ void BM_NoWaitPlanBehindQueue(benchmark::State& state) {
   // The waiters: what the index holds for `gpulock run -n 1` of this user.
   const gpulock::LockDirectory locks = gpulock::LockDirectory::open(scratch.lock_dir());
   const auto queue = gpulock::QueueDirectory::open(locks, true);
-  std::vector<gpulock::OwnTicket> tickets;
-  tickets.reserve(waiting);
-  for (std::size_t i = 0; i < waiting; ++i) {
-    gpulock::Ticket t;
-    t.id = gpulock::make_lease_id();
-    t.uid = ::geteuid();
-    t.process = gpulock::self_process_id();
-    t.needed = 1;
-    t.candidates = {holder.gpus().front().uuid};
-    tickets.push_back(queue->enter(t));
-  }
+  const auto tickets = queue_waiters(*queue, waiting, holder.gpus().front().uuid, false);
 
   // A pool of its own, as another process would have (nothing cached from the registrations).
   gpulock::GpuPool planner(gpulock::make_simulated_source(1), options);
@@ -75,15 +91,7 @@ void BM_NoWaitPlanBehindQueue(benchmark::State& state) {
   }
   state.counters["waiting"] = static_cast<double>(waiting);
 }
-BENCHMARK(BM_NoWaitPlanBehindQueue)
-    ->ArgName("waiting")
-    ->Arg(0)
-    ->Arg(100)
-    ->Arg(1000)
-    ->Arg(4000)
-    ->Unit(benchmark::kMicrosecond)
-    ->Repetitions(5)
-    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_NoWaitPlanBehindQueue)->Apply(queue_sizes);
 
 // A free GPU that none of the waiters can use: on 2 GPUs, GPU 0 is held and N waiters named it
 // (`gpulock run -g 0`); a newcomer for any GPU takes free GPU 1 and releases it. Its plan must
@@ -102,18 +110,7 @@ void BM_FreeGpuBehindNamedWaiters(benchmark::State& state) {
 
   const gpulock::LockDirectory locks = gpulock::LockDirectory::open(scratch.lock_dir());
   const auto queue = gpulock::QueueDirectory::open(locks, true);
-  std::vector<gpulock::OwnTicket> tickets;
-  tickets.reserve(waiting);
-  for (std::size_t i = 0; i < waiting; ++i) {
-    gpulock::Ticket t;
-    t.id = gpulock::make_lease_id();
-    t.uid = ::geteuid();
-    t.process = gpulock::self_process_id();
-    t.needed = 1;
-    t.named_gpus = true;
-    t.candidates = {holder.gpus().front().uuid};
-    tickets.push_back(queue->enter(t));
-  }
+  const auto tickets = queue_waiters(*queue, waiting, holder.gpus().front().uuid, true);
 
   gpulock::GpuPool planner(gpulock::make_simulated_source(2), options);
   gpulock::LeaseRequest any;
@@ -129,15 +126,7 @@ void BM_FreeGpuBehindNamedWaiters(benchmark::State& state) {
   }
   state.counters["waiting"] = static_cast<double>(waiting);
 }
-BENCHMARK(BM_FreeGpuBehindNamedWaiters)
-    ->ArgName("waiting")
-    ->Arg(0)
-    ->Arg(100)
-    ->Arg(1000)
-    ->Arg(4000)
-    ->Unit(benchmark::kMicrosecond)
-    ->Repetitions(5)
-    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_FreeGpuBehindNamedWaiters)->Apply(queue_sizes);
 
 }  // namespace
 
