@@ -4,6 +4,7 @@
 // registered from this process through a QueueDirectory of its own (OFD locks of different open
 // file descriptions conflict within one process too, so the pool sees them as live).
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -38,7 +39,8 @@ class LocalPlanHeadTest : public ::testing::Test {
 
   // Registers a waiter of this user for one of `candidates` (all of them when `named`), with no
   // health filter but the default one (no processes outside gpulock) unless `allow_foreign`.
-  void Wait(std::vector<std::string> candidates, bool named, bool allow_foreign = false) {
+  void Wait(std::vector<std::string> candidates, bool named, bool allow_foreign = false,
+            bool entered_over_limit = false) {
     if (!queue_) {
       locks_.emplace(LockDirectory::open(lock_dir_));
       queue_ = QueueDirectory::open(*locks_, true);
@@ -50,6 +52,7 @@ class LocalPlanHeadTest : public ::testing::Test {
     t.needed = 1;
     t.named_gpus = named;
     t.allow_foreign_processes = allow_foreign;
+    t.entered_over_limit = entered_over_limit;
     t.candidates = std::move(candidates);
     waiters_.push_back(queue_->enter(t));
   }
@@ -95,6 +98,33 @@ TEST_F(LocalPlanHeadTest, WaitersWhoseFilterRefusesTheFreeGpuArePassedOverButNot
   taken.release();
   Wait({SimUuid(0), SimUuid(1)}, false, true);
   ExpectError([&] { newcomer.acquire(allowing); }, ErrorCode::kTimedOut, "not free now");
+}
+
+// Whether a waiter's FIFO has a wake byte, within `ms`.
+bool Woken(const OwnTicket& waiter, int ms) {
+  pollfd p{waiter.wake_fd(), POLLIN, 0};
+  return ::poll(&p, 1, ms) == 1;
+}
+
+// A waiter held back by its user's max_waiting stands last, behind the head: a newcomer's plan
+// still wakes it once there is room for it (it then registers again), and not before. (The
+// newcomer, of the same user, counts too: it would wait if not served.)
+TEST_F(LocalPlanHeadTest, AHeldBackWaiterBehindTheHeadIsWokenOnceThereIsRoom) {
+  PoolOptions options = Options();
+  Config config;
+  config.default_limits.max_waiting = 40;
+  options.config = config;
+  GpuPool pool(make_simulated_source(1), options);
+  Lease holder = pool.acquire(Count(1));
+  for (int i = 0; i < 40; ++i) Wait({SimUuid(0)}, false);
+  Wait({SimUuid(0)}, false, false, true);  // registered while its user was at the limit
+  GpuPool newcomer(make_simulated_source(1), options);
+  waiters_.erase(waiters_.begin());  // the first waiter leaves: room, but for the newcomer
+  ExpectError([&] { newcomer.acquire(Count(1)); }, ErrorCode::kTimedOut, "not free now");
+  EXPECT_FALSE(Woken(waiters_.back(), 0)) << "no room yet";
+  waiters_.erase(waiters_.begin());  // the second leaves: room for it too
+  ExpectError([&] { newcomer.acquire(Count(1)); }, ErrorCode::kTimedOut, "not free now");
+  EXPECT_TRUE(Woken(waiters_.back(), 1000));
 }
 
 // The position a waiter is told counts the whole queue, not the head that was planned.
