@@ -202,6 +202,7 @@ std::string QueueSnapshot::blocked_by(std::size_t ticket, const Config& config) 
 }
 
 bool QueueSnapshot::health_dependent() const {
+  if (unhealthy_beyond_head) return true;
   for (const auto& placement : plan.order)
     for (const auto& o : placement.obstacles)
       if (o.kind == Obstacle::Kind::kUnhealthy) return true;

@@ -36,6 +36,9 @@ struct QueueSnapshot {
   std::size_t queue_length = 0;
   std::vector<std::size_t> place_in_queue;  // parallel to tickets
   std::vector<TicketId> may_enter_beyond_head;
+  // Some waiter outside the head was left out of the walk only because a free GPU fails its
+  // health filter (see health_dependent()).
+  bool unhealthy_beyond_head = false;
 
   // The place of a request in the whole queue's order (0 first), and the queue's length.
   std::size_t position(std::size_t ticket) const {

@@ -295,7 +295,8 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
         const std::size_t i = order.order[k];
         if (i == me || (!order.held_back[i] &&
                         sieve.may_claim(queued[i].hint(),
-                                        queued[i].shared_units > 0 || queued[i].shared_slots > 0)))
+                                        queued[i].shared_units > 0 || queued[i].shared_slots > 0,
+                                        &snapshot.unhealthy_beyond_head)))
           sequence.push_back(k);
       }
       sieved = true;

@@ -380,8 +380,7 @@ std::optional<Ticket> QueueDirectory::read_ticket(const IndexEntry& entry) const
     it = open_tickets_.insert_or_assign(entry.id, OpenTicket{std::move(file), *ticket, hint}).first;
   }
   // The slot's hint is checked at every reading: the slot may have been rewritten since.
-  if (const UsabilityHint hint = entry.hint(); hint.known && hint != it->second.hint)
-    return std::nullopt;
+  if (!entry.hint().admits(it->second.hint)) return std::nullopt;
   if (!is_locked_elsewhere(it->second.fd.get())) {
     open_tickets_.erase(it);
     return std::nullopt;

@@ -9,7 +9,6 @@ namespace {
 constexpr std::uint8_t kKnown = 1;
 constexpr std::uint8_t kForeignCheckOnly = 2;
 constexpr std::uint8_t kAllowForeign = 4;
-constexpr std::uint64_t kAllCandidateBits = (std::uint64_t{1} << UsabilityHint::kCandidateBits) - 1;
 
 }  // namespace
 
@@ -52,8 +51,14 @@ UsabilityHint UsabilityHint::from_stored(const std::array<std::uint8_t, kStoredS
   hint.allow_foreign = (bytes[0] & kAllowForeign) != 0;
   for (std::size_t i = 1; i < kStoredSize; ++i)
     hint.candidate_bits |= std::uint64_t{bytes[i]} << (8 * (i - 1));
-  if ((hint.candidate_bits & ~kAllCandidateBits) != 0) return UsabilityHint();
   return hint;
+}
+
+bool UsabilityHint::admits(const UsabilityHint& exact) const {
+  if (!known) return true;
+  if ((candidate_bits & exact.candidate_bits) != exact.candidate_bits) return false;
+  return !foreign_check_only ||
+         (exact.foreign_check_only && (allow_foreign || !exact.allow_foreign));
 }
 
 ClaimSieve::ClaimSieve(const std::vector<ClaimableGpu>& claimable,
@@ -74,17 +79,21 @@ ClaimSieve::ClaimSieve(const std::vector<ClaimableGpu>& claimable,
   }
 }
 
-bool ClaimSieve::may_claim(const UsabilityHint& hint, bool shared_request) const {
+bool ClaimSieve::may_claim(const UsabilityHint& hint, bool shared_request,
+                           bool* refused_by_health) const {
   if (!hint.known) return true;
   if ((hint.candidate_bits & any_bits_) == 0) return false;
+  bool unhealthy = false;
   for (const Gpu& g : gpus_) {
     if ((hint.candidate_bits & g.bit) == 0) continue;
     // A shared request reserves the GPUs it waits on whatever their health; an exclusive one
     // holds back GPUs in shared use so that they drain.
     if (shared_request || g.shared_use) return true;
-    if (g.whole && !(hint.foreign_check_only && g.fails_default_filter[hint.allow_foreign]))
-      return true;
+    if (!g.whole) continue;
+    if (!(hint.foreign_check_only && g.fails_default_filter[hint.allow_foreign])) return true;
+    unhealthy = true;
   }
+  if (unhealthy && refused_by_health) *refused_by_health = true;
   return false;
 }
 

@@ -41,10 +41,16 @@ struct UsabilityHint {
   // The Bloom filter bit of a GPU's UUID (the same in every process and version).
   static std::uint64_t bit_of(std::string_view uuid);
 
-  // Six bytes of the slot: a byte of flags, then the filter's 40 bits. Unknown flags, or bits
-  // beyond the 40, make the hint unknown rather than the slot invalid.
+  // Six bytes of the slot: a byte of flags, then the filter's 40 bits. Unknown flags make the
+  // hint unknown rather than the slot invalid.
   std::array<std::uint8_t, kStoredSize> stored() const;
   static UsabilityHint from_stored(const std::array<std::uint8_t, kStoredSize>& bytes);
+
+  // Whether this hint (a slot's) rules out nothing that `exact` (its ticket's) could use: every
+  // candidate bit set, and the default filter judged only where the ticket has only it, with
+  // --allow-foreign where the ticket has it. A slot that says more than its ticket may come from
+  // another version; one that says less could hide its waiter, and its ticket does not count.
+  bool admits(const UsabilityHint& exact) const;
 
   friend bool operator==(const UsabilityHint&, const UsabilityHint&) = default;
 };
@@ -59,7 +65,11 @@ class ClaimSieve {
   ClaimSieve(const std::vector<ClaimableGpu>& claimable,
              const std::function<const Device*(const std::string&)>& device_of);
 
-  bool may_claim(const UsabilityHint& hint, bool shared_request) const;
+  // With `refused_by_health`: set when it is false only because the default filter fails on a
+  // free GPU that may be a candidate (the dispatchers then re-read the devices every 2 s, as
+  // for a walked request held back by its health).
+  bool may_claim(const UsabilityHint& hint, bool shared_request,
+                 bool* refused_by_health = nullptr) const;
 
  private:
   struct Gpu {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "expect_error.h"
@@ -98,6 +99,52 @@ TEST_F(LocalPlanHeadTest, WaitersWhoseFilterRefusesTheFreeGpuArePassedOverButNot
   taken.release();
   Wait({SimUuid(0), SimUuid(1)}, false, true);
   ExpectError([&] { newcomer.acquire(allowing); }, ErrorCode::kTimedOut, "not free now");
+}
+
+// A waiter left out of the walk only because a free GPU fails its health filter still makes the
+// dispatchers re-read the devices every health_recheck_interval, as a walked one does: once the
+// process outside gpulock leaves that GPU, the waiter is served (not at the next safety re-check,
+// 10 minutes here). Three real waiters for held GPU 0 are the oldest, so the dispatchers; 32 more
+// named GPU 0; then W, for any GPU. A departure makes the dispatchers plan with W in the queue.
+TEST_F(LocalPlanHeadTest, AWaiterLeftOutForItsHealthKeepsTheDispatchersRecheckingHealth) {
+  const std::filesystem::path gpus = temp_.path() / "gpus.json";
+  const auto write_gpus = [&](const char* text) {
+    const std::filesystem::path next = temp_.path() / "gpus.json.new";
+    std::ofstream(next) << text;
+    std::filesystem::rename(next, gpus);  // readers see the old file or the new one
+  };
+  write_gpus(R"({"gpus": [{}, {"processes": [{"pid": 4711}]}]})");
+  PoolOptions options = Options();
+  options.health_recheck_interval = milliseconds(50);
+  options.safety_recheck_interval = std::chrono::minutes(10);
+  const auto source = [&] { return make_simulated_source_from_file(gpus.string()); };
+  GpuPool holder_pool(source(), options);
+  Lease holder = holder_pool.acquire(Named({SimUuid(0)}));
+  std::vector<std::unique_ptr<GpuPool>> pools;
+  std::vector<std::unique_ptr<BackgroundAcquire>> dispatchers;
+  for (int i = 0; i < 3; ++i) {
+    pools.push_back(std::make_unique<GpuPool>(source(), options));
+    dispatchers.push_back(
+        std::make_unique<BackgroundAcquire>(*pools.back(), Waiting(Named({SimUuid(0)}))));
+    dispatchers.back()->WaitUntilWaiting();
+  }
+  for (int i = 0; i < 32; ++i) Wait({SimUuid(0)}, true);
+  GpuPool w_pool(source(), options);
+  LeaseRequest any = Count(1);
+  any.wait = true;
+  any.timeout = std::chrono::seconds(30);
+  BackgroundAcquire w(w_pool, any);
+  w.WaitUntilWaiting();
+  waiters_.erase(waiters_.begin());  // a departure: the dispatchers plan, W behind their head
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // for them to plan and go to sleep
+  write_gpus(R"({"gpus": [{}, {}]})");                   // the process outside gpulock ends
+  std::optional<Lease>& got = w.Finish();
+  ASSERT_TRUE(got) << Describe(w.failure());
+  EXPECT_EQ(got->gpus().front().uuid, SimUuid(1));
+  got->release();
+  holder.release();
+  for (auto& d : dispatchers)
+    if (std::optional<Lease>& lease = d->Finish()) lease->release();
 }
 
 // Whether a waiter's FIFO has a wake byte, within `ms`.

@@ -33,7 +33,7 @@ TEST(UsabilityHint, KeepsItsFieldsThroughTheSlotsSixBytes) {
   EXPECT_TRUE(HintOf({kA}, true).allow_foreign);
 }
 
-TEST(UsabilityHint, ZeroUnknownFlagsOrBitsBeyondTheFilterAreUnknown) {
+TEST(UsabilityHint, ZeroOrUnknownFlagsAreUnknown) {
   EXPECT_FALSE(UsabilityHint::from_stored({}).known) << "slots of versions before hints";
   std::array<std::uint8_t, UsabilityHint::kStoredSize> bytes = HintOf({kA}).stored();
   bytes[0] |= 0x80;
@@ -50,6 +50,18 @@ TEST(UsabilityHint, TheBitOfAUuidIsFixedAcrossVersions) {
   const UsabilityHint hint = HintOf({kA, kB});
   EXPECT_EQ(hint.candidate_bits, UsabilityHint::bit_of(kA) | UsabilityHint::bit_of(kB));
   EXPECT_LT(hint.candidate_bits, std::uint64_t{1} << UsabilityHint::kCandidateBits);
+}
+
+TEST(UsabilityHint, ASlotAdmitsItsTicketOnlyIfItRulesOutNothingTheTicketCouldUse) {
+  const UsabilityHint exact = HintOf({kA});
+  EXPECT_TRUE(exact.admits(exact));
+  EXPECT_TRUE(UsabilityHint().admits(exact)) << "no hint rules out nothing";
+  EXPECT_TRUE(HintOf({kA, kB}).admits(exact)) << "more candidates";
+  EXPECT_TRUE(HintOf({kA}, false, true).admits(exact)) << "health not judged";
+  EXPECT_TRUE(HintOf({kA}, true).admits(exact)) << "allows what the ticket refuses";
+  EXPECT_FALSE(HintOf({kB}).admits(exact)) << "a candidate missing";
+  EXPECT_FALSE(exact.admits(HintOf({kA}, true))) << "refuses what the ticket allows";
+  EXPECT_FALSE(exact.admits(HintOf({kA}, false, true))) << "judges a filter it does not know";
 }
 
 class ClaimSieveTest : public ::testing::Test {
@@ -83,7 +95,12 @@ TEST_F(ClaimSieveTest, PassesOverOnlyWhomNoOpenGpuCouldServe) {
 
 TEST_F(ClaimSieveTest, JudgesTheDefaultFilterOnlyForWhomItIsTheOnlyOne) {
   const ClaimSieve free_b = Sieve({{kB, true, false}});  // runs a process outside gpulock
-  EXPECT_FALSE(free_b.may_claim(HintOf({kB}), false));
+  bool refused_by_health = false;
+  EXPECT_FALSE(free_b.may_claim(HintOf({kB}), false, &refused_by_health));
+  EXPECT_TRUE(refused_by_health) << "the dispatchers then re-read the devices";
+  refused_by_health = false;
+  EXPECT_FALSE(free_b.may_claim(HintOf({kA}), false, &refused_by_health));
+  EXPECT_FALSE(refused_by_health) << "not a candidate: its health is not the reason";
   EXPECT_TRUE(free_b.may_claim(HintOf({kB}, true), false)) << "--allow-foreign";
   EXPECT_TRUE(free_b.may_claim(HintOf({kB}, false, true), false)) << "another filter: unknown";
   // A shared request reserves the GPUs it waits on whatever their health.
