@@ -58,7 +58,17 @@ class LocalPlanHeadTest : public ::testing::Test {
     waiters_.push_back(queue_->enter(t));
   }
 
+  // (Re)writes the simulated GPUs' file (docs/simulated-gpus.md) in one rename, so that a
+  // reader sees the old file or the new one; returns its path.
+  std::filesystem::path WriteGpus(const char* json) const {
+    const std::filesystem::path next = temp_.path() / "gpus.json.new";
+    std::ofstream(next) << json;
+    std::filesystem::rename(next, gpus_);
+    return gpus_;
+  }
+
   TempDir temp_;
+  std::filesystem::path gpus_ = temp_.path() / "gpus.json";
   std::filesystem::path lock_dir_ = temp_.path() / "locks";
   std::optional<LockDirectory> locks_;
   std::unique_ptr<QueueDirectory> queue_;
@@ -83,11 +93,7 @@ TEST_F(LocalPlanHeadTest, AWaiterBehindTheFirstHeadTakesTheFreeGpuBeforeANewcome
 // passes over the 40 by their slots' hints), but not once a waiter that allows them stands
 // behind the 40.
 TEST_F(LocalPlanHeadTest, WaitersWhoseFilterRefusesTheFreeGpuArePassedOverButNotOneThatTakesIt) {
-  const std::filesystem::path gpus = temp_.path() / "gpus.json";
-  {
-    std::ofstream out(gpus);
-    out << R"({"gpus": [{}, {"processes": [{"pid": 4711}]}]})";
-  }
+  const std::filesystem::path gpus = WriteGpus(R"({"gpus": [{}, {"processes": [{"pid": 4711}]}]})");
   GpuPool pool(make_simulated_source_from_file(gpus.string()), Options());
   Lease holder = pool.acquire(Named({SimUuid(0)}));
   for (int i = 0; i < 40; ++i) Wait({SimUuid(0), SimUuid(1)}, false);
@@ -107,13 +113,7 @@ TEST_F(LocalPlanHeadTest, WaitersWhoseFilterRefusesTheFreeGpuArePassedOverButNot
 // 10 minutes here). Three real waiters for held GPU 0 are the oldest, so the dispatchers; 32 more
 // named GPU 0; then W, for any GPU. A departure makes the dispatchers plan with W in the queue.
 TEST_F(LocalPlanHeadTest, AWaiterLeftOutForItsHealthKeepsTheDispatchersRecheckingHealth) {
-  const std::filesystem::path gpus = temp_.path() / "gpus.json";
-  const auto write_gpus = [&](const char* text) {
-    const std::filesystem::path next = temp_.path() / "gpus.json.new";
-    std::ofstream(next) << text;
-    std::filesystem::rename(next, gpus);  // readers see the old file or the new one
-  };
-  write_gpus(R"({"gpus": [{}, {"processes": [{"pid": 4711}]}]})");
+  const std::filesystem::path gpus = WriteGpus(R"({"gpus": [{}, {"processes": [{"pid": 4711}]}]})");
   PoolOptions options = Options();
   options.health_recheck_interval = milliseconds(50);
   options.safety_recheck_interval = std::chrono::minutes(10);
@@ -137,7 +137,7 @@ TEST_F(LocalPlanHeadTest, AWaiterLeftOutForItsHealthKeepsTheDispatchersRecheckin
   w.WaitUntilWaiting();
   waiters_.erase(waiters_.begin());  // a departure: the dispatchers plan, W behind their head
   std::this_thread::sleep_for(std::chrono::seconds(1));  // for them to plan and go to sleep
-  write_gpus(R"({"gpus": [{}, {}]})");                   // the process outside gpulock ends
+  WriteGpus(R"({"gpus": [{}, {}]})");                    // the process outside gpulock ends
   std::optional<Lease>& got = w.Finish();
   ASSERT_TRUE(got) << Describe(w.failure());
   EXPECT_EQ(got->gpus().front().uuid, SimUuid(1));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <numeric>
@@ -1218,24 +1219,26 @@ void ExpectPlacedAsInWhole(const Plan& partial, const std::vector<std::size_t>& 
   }
 }
 
-// The walk of only the requests at `places` of the order (ascending), as plan_head walks them:
-// every request but `ours` (a request index; none if out of range) has only its ordering fields
-// until the walk reads its details.
+// Hides a request's details (candidates and health) until a walk reads them, as plan_head does
+// for every request but its own.
+void HideDetails(PlanRequest& r) {
+  r.details_pending = true;
+  r.candidates.clear();
+  r.unhealthy.clear();
+}
+
+// The walk of only the requests at `places` of the order (ascending), their details read on
+// demand from the scenario except where `known` (a request index) says they are known.
 Plan WalkOf(const Scenario& s, const QueueOrder& order, const std::vector<std::size_t>& places,
-            std::size_t ours, std::vector<std::size_t>& members) {
+            const std::function<bool(std::size_t)>& known, std::vector<std::size_t>& members) {
   const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
   members.clear();
   for (const std::size_t place : places) members.push_back(order.order[place]);
   std::vector<PlanRequest> walked;
   QueueOrder walk_order;
   for (std::size_t k = 0; k < members.size(); ++k) {
-    PlanRequest r = s.requests[members[k]];
-    if (members[k] != ours) {
-      r.details_pending = true;
-      r.candidates.clear();
-      r.unhealthy.clear();
-    }
-    walked.push_back(std::move(r));
+    walked.push_back(s.requests[members[k]]);
+    if (!known(members[k])) HideDetails(walked.back());
     walk_order.order.push_back(k);
     walk_order.held_back.push_back(order.held_back[members[k]]);
     walk_order.may_enter.push_back(order.may_enter[members[k]]);
@@ -1253,12 +1256,8 @@ Plan WalkOf(const Scenario& s, const QueueOrder& order, const std::vector<std::s
 Plan WholeWalkOf(const Scenario& s, const QueueOrder& order, std::size_t ours) {
   const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
   std::vector<PlanRequest> requests = s.requests;
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    if (i == ours) continue;
-    requests[i].details_pending = true;
-    requests[i].candidates.clear();
-    requests[i].unhealthy.clear();
-  }
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    if (i != ours) HideDetails(requests[i]);
   const RequestLoader load = [&](std::size_t i, PlanRequest& r) {
     r.candidates = s.requests[i].candidates;
     r.unhealthy = s.requests[i].unhealthy;
@@ -1271,19 +1270,10 @@ Plan WholeWalkOf(const Scenario& s, const QueueOrder& order, std::size_t ours) {
 // expects each to be placed as the whole queue's plan places it.
 void ExpectMembersPlacedAsInWhole(const Scenario& s, const QueueOrder& order, const Plan& whole,
                                   const std::vector<std::size_t>& places, const std::string& what) {
-  const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
   std::vector<std::size_t> members;
-  for (const std::size_t place : places) members.push_back(order.order[place]);
-  std::vector<PlanRequest> head;
-  QueueOrder head_order;
-  for (std::size_t k = 0; k < members.size(); ++k) {
-    head.push_back(s.requests[members[k]]);
-    head_order.order.push_back(k);
-    head_order.held_back.push_back(order.held_back[members[k]]);
-    head_order.may_enter.push_back(order.may_enter[members[k]]);
-  }
-  ExpectPlacedAsInWhole(plan_queue_in_order(s.gpus, head, head_order, distance, RequestLoader()),
-                        members, whole, what);
+  const Plan partial = WalkOf(
+      s, order, places, [](std::size_t) { return true; }, members);
+  ExpectPlacedAsInWhole(partial, members, whole, what);
 }
 
 QueueOrder OrderOf(const Scenario& s) {
@@ -1293,7 +1283,7 @@ QueueOrder OrderOf(const Scenario& s) {
   return order_queue(s.policy, s.gpus, inputs);
 }
 
-// The GPUs open after the first h requests of the order.
+// The GPUs still claimable after the first h requests of the order (none if no GPU is open).
 std::vector<ClaimableGpu> ClaimableAfter(const Scenario& s, const QueueOrder& order,
                                          std::size_t h) {
   const DistanceFunction distance = s.topology ? DistanceFunction(IndexDistance) : ZeroDistance;
@@ -1424,7 +1414,8 @@ TEST(PlanHead, LeavingOutWhomTheSieveRejectsDecidesAsTheWholeQueue) {
           ++sieved_out;
       }
       std::vector<std::size_t> members;
-      const Plan partial = WalkOf(s, order, places, ours, members);
+      const Plan partial = WalkOf(
+          s, order, places, [ours](std::size_t i) { return i == ours; }, members);
       ExpectPlacedAsInWhole(partial, members, whole, "sieved head " + std::to_string(h));
     }
     if (::testing::Test::HasFailure()) break;
