@@ -125,17 +125,33 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   // The waiters that follow releases (the oldest kDispatchers), as this waiter last saw them.
   // Whoever sees a waiter join that pair wakes it, since nothing else tells it of its new role.
   std::vector<std::string> seen_dispatchers;
-  const auto tell_new_dispatchers = [&](std::span<const IndexEntry> live, bool leaving) {
+  // Wake-ups decided under the acquire mutex, sent once it is released: a waiter woken while
+  // the mutex is held would find it taken and poll for it, and on a busy machine the woken
+  // process can take the CPU from the mutex's holder. Declared before the hold, so that the
+  // hold ends first (also when an exception leaves the block).
+  struct WakesAfterRelease {
+    LocalBackend& pool;
+    std::vector<std::pair<std::string, WakeReason>> pending;
+    void add(std::string id, WakeReason reason = WakeReason::kPlan) {
+      pending.emplace_back(std::move(id), reason);
+    }
+    ~WakesAfterRelease() {
+      QueueDirectory* queue = pool.queue_dir(false);
+      if (!queue) return;
+      for (const auto& [id, reason] : pending) queue->wake(id, reason);
+    }
+  };
+  const auto tell_new_dispatchers = [&](std::span<const IndexEntry> live, bool leaving,
+                                        WakesAfterRelease& wakes) {
     std::vector<std::string> now;
     for (const IndexEntry& t : live) {
       if (now.size() == kDispatchers) break;
       if (!(leaving && t.id == wanted.id)) now.push_back(t.id);
     }
-    QueueDirectory* queue = queue_dir(false);
     for (const auto& id : now)
-      if (queue && id != wanted.id &&
+      if (id != wanted.id &&
           std::find(seen_dispatchers.begin(), seen_dispatchers.end(), id) == seen_dispatchers.end())
-        queue->wake(id, WakeReason::kDispatcher);
+        wakes.add(id, WakeReason::kDispatcher);
     seen_dispatchers = std::move(now);
   };
   std::string last_progress;
@@ -207,7 +223,8 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
                            !shared_in_queue && every_gpu_held(devices);
     recheck_cheaply = false;
     if (!skip_plan) {
-      const AcquireMutexHold held = hold_acquire_mutex(deadline, start);
+      WakesAfterRelease wakes{*this, {}};
+      AcquireMutexHold held = hold_acquire_mutex(deadline, start);
 
       // The ring watcher learnt that the waiter before it ended: its slot goes now.
       if (watched_gone) {
@@ -312,10 +329,8 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       for (const Placement& placement : snapshot.plan.order)
         if ((placement.standing == QueueStanding::kNext || placement.may_enter) &&
             placement.request != me)
-          if (QueueDirectory* queue = queue_dir(false))
-            queue->wake(snapshot.tickets[placement.request].id);
-      for (const TicketId& id : snapshot.may_enter_beyond_head)
-        if (QueueDirectory* queue = queue_dir(false)) queue->wake(id);
+          wakes.add(snapshot.tickets[placement.request].id);
+      for (const TicketId& id : snapshot.may_enter_beyond_head) wakes.add(id);
 
       const Placement& mine = snapshot.plan.of(me);
       if (mine.standing == QueueStanding::kNext) {
@@ -338,12 +353,14 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         }
         if (lease) {
           if (ticket) {
-            tell_new_dispatchers(live, /*leaving=*/true);
+            tell_new_dispatchers(live, /*leaving=*/true, wakes);
             // The waiter after us watched our process; a dispatcher hears our departure anyway
             // (and re-wires when our process ends), others must be told.
             std::size_t k = 0;
             while (k < live.size() && live[k].id != wanted.id) ++k;
-            if (k >= kDispatchers) queue_dir(false)->wake_successor(ticket.ticket().seq, &listing);
+            if (k >= kDispatchers)
+              if (auto next = QueueDirectory::successor(ticket.ticket().seq, listing))
+                wakes.add(std::move(*next));
           }
           ticket.leave();
           note_served(uid);
@@ -354,7 +371,8 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
 
       if (ticket && mine.may_enter) {
         // There is room for us in the queue now: join it at the back.
-        queue_dir(false)->wake_successor(ticket.ticket().seq, &listing);
+        if (auto next = QueueDirectory::successor(ticket.ticket().seq, listing))
+          wakes.add(std::move(*next));
         ticket.leave();
         wanted.entered_over_limit = false;
         QueueDirectory& queue = *queue_dir(true);
@@ -387,11 +405,13 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       }
 
       if (ticket) {
-        // Our part in the ring of waiters (see wait_channel.h).
+        // Our part in the ring of waiters (see wait_channel.h): what follows changes nothing
+        // that others plan from, so it need not keep them waiting for the mutex.
+        held.release();
         QueueDirectory& queue = *queue_dir(true);
         std::size_t k = 0;
         while (k < live.size() && live[k].id != wanted.id) ++k;
-        tell_new_dispatchers(live, /*leaving=*/false);
+        tell_new_dispatchers(live, /*leaving=*/false, wakes);
         // The three oldest waiters follow releases and departures, so that stopped waiters
         // (Ctrl-Z stops a script's whole process group) cannot hold up everyone's hand-offs
         // unless three are stopped; the others sleep until someone wakes them.

@@ -25,8 +25,11 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
-LocalBackend::AcquireMutexHold::~AcquireMutexHold() {
+void LocalBackend::AcquireMutexHold::release() {
+  if (fd_ < 0) return;
   unlock(fd_);
+  fd_ = -1;
+  threads_.unlock();
 }
 
 LocalBackend::AcquireMutexHold LocalBackend::hold_acquire_mutex(Clock::time_point deadline,

@@ -125,9 +125,11 @@ class LocalBackend final : public LeaseBackend {
    public:
     AcquireMutexHold(std::unique_lock<std::mutex> threads, int fd)
         : threads_(std::move(threads)), fd_(fd) {}
-    ~AcquireMutexHold();  // drops the file's lock, then (members) the threads' mutex
+    ~AcquireMutexHold() { release(); }
     AcquireMutexHold(const AcquireMutexHold&) = delete;
     AcquireMutexHold& operator=(const AcquireMutexHold&) = delete;
+    // Drops the file's lock, then the threads' mutex; once.
+    void release();
 
    private:
     std::unique_lock<std::mutex> threads_;

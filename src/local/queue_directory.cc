@@ -399,12 +399,13 @@ void QueueDirectory::wake_successor(std::uint64_t seq, const Listing* listing) c
     }
     listing = &read;
   }
-  for (const IndexEntry& e : listing->index) {
-    if (e.seq > seq) {
-      wake(e.id);
-      return;
-    }
-  }
+  if (std::optional<std::string> next = successor(seq, *listing)) wake(*next);
+}
+
+std::optional<std::string> QueueDirectory::successor(std::uint64_t seq, const Listing& listing) {
+  for (const IndexEntry& e : listing.index)
+    if (e.seq > seq) return e.id;
+  return std::nullopt;
 }
 
 bool QueueDirectory::remove_dead(const IndexEntry& entry) const {
