@@ -20,6 +20,7 @@
 #include "local/lock_directory.h"
 #include "local/queue_directory.h"
 #include "process/process_identity.h"
+#include "queue/ticket.h"
 #include "util/random_id.h"
 
 namespace {
@@ -127,6 +128,35 @@ void BM_FreeGpuBehindNamedWaiters(benchmark::State& state) {
   state.counters["waiting"] = static_cast<double>(waiting);
 }
 BENCHMARK(BM_FreeGpuBehindNamedWaiters)->Apply(queue_sizes);
+
+// Reading one waiter's ticket, as a plan does for each waiter it reaches while a GPU is free:
+// what `gpulock run -n 1 -- python train.py` registers on a 4-GPU machine, read by
+// parse_ticket() (the reader of the form gpulock writes) and, side by side, by the full JSON
+// parser alone (what every reading cost before).
+gpulock::Ticket typical_ticket() {
+  gpulock::Ticket t;
+  t.id = gpulock::make_lease_id();
+  t.seq = 1234;
+  t.uid = 1000;
+  t.user = "alice";
+  t.process = gpulock::ProcessId{123456, 98765432};
+  t.enqueued_at = 1764302400.123456;
+  for (int g = 0; g < 4; ++g)
+    t.candidates.push_back("GPU-5e1f0a7e-0000-4000-8000-00000000000" + std::to_string(g));
+  t.label = "sweep 17/200";
+  t.command = "python train.py --lr 0.001 --seed 17";
+  return t;
+}
+
+void BM_ParseTicket(benchmark::State& state) {
+  const std::string text = gpulock::serialize_ticket(typical_ticket());
+  const bool full_parser = state.range(0) == 1;
+  for (auto _ : state)
+    benchmark::DoNotOptimize(full_parser ? gpulock::parse_ticket_with_full_parser(text)
+                                         : gpulock::parse_ticket(text));
+  state.SetLabel(full_parser ? "full JSON parser" : "parse_ticket");
+}
+BENCHMARK(BM_ParseTicket)->ArgName("full_parser")->Arg(0)->Arg(1);
 
 }  // namespace
 

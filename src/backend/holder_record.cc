@@ -2,13 +2,13 @@
 // form gpulock writes, and nlohmann's full parser for anything else, with the same checks.
 #include "backend/holder_record.h"
 
-#include <charconv>
 #include <cmath>
 #include <cstring>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "util/canonical_json_reader.h"
 #include "util/random_id.h"
 #include "util/strings.h"
 
@@ -226,91 +226,24 @@ std::optional<HolderRecord> read_with_full_parser(std::string_view bytes) {
   return checked_record(f);
 }
 
-// Reads a record in exactly the form record_json() writes (its keys in its order, no
-// whitespace, strings of printable ASCII without escapes, numbers as fmt writes them) without
-// building a DOM: a tenth of the full parser's work, on the path of every plan that reads who
-// holds which GPU. Anything else it declines, and the full parser reads it; on what it accepts,
-// it reads what the full parser would (tests/unit/holder_record_test.cc checks both on every
-// record and on mutations of them).
-class CanonicalReader {
- public:
-  explicit CanonicalReader(std::string_view text) : rest_(text) {}
+// A holder or member process, `{"pid":P,"start":S}`; pid 0 for one that is not valid.
+std::optional<ProcessId> read_process(CanonicalJsonReader& in) {
+  if (!in.literal(R"({"pid":)")) return std::nullopt;
+  const auto pid = in.unsigned_number();
+  if (!pid || !in.literal(R"(,"start":)")) return std::nullopt;
+  const auto start = in.unsigned_number();
+  if (!start || !in.literal("}")) return std::nullopt;
+  if (*pid == 0 || *pid > kMaxPid) return ProcessId{};
+  return ProcessId{static_cast<pid_t>(*pid), *start};
+}
 
-  bool literal(std::string_view expected) {
-    if (!rest_.starts_with(expected)) return false;
-    rest_.remove_prefix(expected.size());
-    return true;
-  }
-  std::optional<std::string_view> string() {
-    if (!literal("\"")) return std::nullopt;
-    for (std::size_t i = 0; i < rest_.size(); ++i) {
-      const auto c = static_cast<unsigned char>(rest_[i]);
-      if (c == '"') {
-        const std::string_view text = rest_.substr(0, i);
-        rest_.remove_prefix(i + 1);
-        return text;
-      }
-      if (c < 0x20 || c >= 0x7f || c == '\\') return std::nullopt;  // the full parser's case
-    }
-    return std::nullopt;
-  }
-  // A JSON integer without sign or fraction that fits 64 bits.
-  std::optional<std::uint64_t> unsigned_number() {
-    const std::size_t digits = count_digits();
-    if (digits == 0 || (digits > 1 && rest_[0] == '0') || digits > 20) return std::nullopt;
-    std::uint64_t value = 0;
-    const auto [end, error] = std::from_chars(rest_.data(), rest_.data() + digits, value);
-    if (error != std::errc() || end != rest_.data() + digits) return std::nullopt;
-    rest_.remove_prefix(digits);
-    if (!rest_.empty() && (rest_[0] == '.' || rest_[0] == 'e' || rest_[0] == 'E'))
-      return std::nullopt;
-    return value;
-  }
-  // A JSON number without sign: digits, then an optional fraction and exponent.
-  std::optional<double> number() {
-    std::size_t n = count_digits();
-    if (n == 0 || (n > 1 && rest_[0] == '0')) return std::nullopt;
-    if (n < rest_.size() && rest_[n] == '.') {
-      const std::size_t fraction = count_digits(n + 1);
-      if (fraction == 0) return std::nullopt;
-      n += 1 + fraction;
-    }
-    if (n < rest_.size() && (rest_[n] == 'e' || rest_[n] == 'E')) {
-      std::size_t at = n + 1;
-      if (at < rest_.size() && (rest_[at] == '+' || rest_[at] == '-')) ++at;
-      const std::size_t exponent = count_digits(at);
-      if (exponent == 0) return std::nullopt;
-      n = at + exponent;
-    }
-    double value = 0;
-    const auto [end, error] = std::from_chars(rest_.data(), rest_.data() + n, value);
-    if (error != std::errc() || end != rest_.data() + n) return std::nullopt;
-    rest_.remove_prefix(n);
-    return value;
-  }
-  std::optional<ProcessId> process() {
-    if (!literal(R"({"pid":)")) return std::nullopt;
-    const auto pid = unsigned_number();
-    if (!pid || !literal(R"(,"start":)")) return std::nullopt;
-    const auto start = unsigned_number();
-    if (!start || !literal("}")) return std::nullopt;
-    if (*pid == 0 || *pid > kMaxPid) return ProcessId{};
-    return ProcessId{static_cast<pid_t>(*pid), *start};
-  }
-  bool at_end() const { return rest_.empty(); }
-
- private:
-  std::size_t count_digits(std::size_t from = 0) const {
-    std::size_t n = from;
-    while (n < rest_.size() && rest_[n] >= '0' && rest_[n] <= '9') ++n;
-    return n - from;
-  }
-  std::string_view rest_;
-};
-
-// The record's fields, or nullopt where the text is not in record_json()'s exact form.
+// The record's fields, or nullopt where the text is not in record_json()'s exact form (its keys
+// in its order, numbers as fmt writes them): read without building a JSON document, a tenth of
+// the full parser's work, on the path of every plan that reads who holds which GPU. On what it
+// accepts it reads what the full parser would (tests/unit/holder_record_test.cc checks both on
+// every record and on mutations of them).
 std::optional<RecordFields> read_canonical(std::string_view bytes) {
-  CanonicalReader in(bytes);
+  CanonicalJsonReader in(bytes);
   RecordFields f;
   const auto text_field = [&in](std::string_view key, std::string_view& out) {
     if (!in.literal(key)) return false;
@@ -328,12 +261,12 @@ std::optional<RecordFields> read_canonical(std::string_view bytes) {
       !in.literal(R"(,"holder":)"))
     return std::nullopt;
   f.uid = *uid;
-  const auto holder = in.process();
+  const auto holder = read_process(in);
   if (!holder || !in.literal(R"(,"members":[)")) return std::nullopt;
   f.holder = *holder;
   if (!in.literal("]")) {
     do {
-      const auto member = in.process();
+      const auto member = read_process(in);
       if (!member || f.members.size() == kMaxMembers) return std::nullopt;
       f.members.push_back(*member);
     } while (in.literal(","));

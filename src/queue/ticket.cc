@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/canonical_json_reader.h"
 #include "util/random_id.h"
 #include "util/strings.h"
 
@@ -19,18 +20,6 @@ constexpr std::size_t kMaxUuidLength = 96;
 constexpr std::size_t kMaxTextLength = 1024;
 constexpr std::uint64_t kMaxSeq = std::uint64_t{1} << 62;
 constexpr double kMaxTime = 9e9;  // seconds since the epoch: the year 2255
-
-bool unsigned_field(const json& j, const char* key, std::uint64_t max, std::uint64_t& out) {
-  if (!j.contains(key) || !j[key].is_number_unsigned()) return false;
-  out = j[key].get<std::uint64_t>();
-  return out <= max;
-}
-
-bool string_field(const json& j, const char* key, std::size_t max, std::string& out) {
-  if (!j.contains(key) || !j[key].is_string()) return false;
-  out = j[key].get<std::string>();
-  return out.size() <= max;
-}
 
 }  // namespace
 
@@ -61,92 +50,245 @@ std::string serialize_ticket(const Ticket& t) {
   return j.dump() + "\n";
 }
 
-std::optional<Ticket> parse_ticket(std::string_view bytes) {
-  if (bytes.size() > kMaxTicketSize) return std::nullopt;
-  const json j = json::parse(bytes, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return std::nullopt;
-  if (!j.contains("schema") || j["schema"] != kTicketSchema) return std::nullopt;
+namespace {
 
+// A ticket's fields as read, before they are checked: what both readers below produce.
+struct TicketFields {
+  std::string_view id, user, priority, label, command;
+  std::uint64_t seq = 0, uid = 0, pid = 0, pid_start = 0, needed = 0;
+  double enqueued_at = 0;
+  bool named_gpus = false, allow_foreign = false;
+  std::optional<bool> over_limit, spread;
+  std::vector<std::string_view> candidates;
+  std::optional<std::uint64_t> min_free_memory, max_utilization, shared_units, shared_slots;
+  std::optional<double> max_power;
+};
+
+// Bounds, names and ranges: the same checks whichever reader read the fields.
+std::optional<Ticket> checked_ticket(const TicketFields& f) {
   Ticket t;
-  std::uint64_t number = 0;
-  std::string id;
-  if (!string_field(j, "id", 64, id) || !is_lease_id(id)) return std::nullopt;
-  t.id = id;
+  if (f.id.size() > 64 || !is_lease_id(f.id)) return std::nullopt;
+  t.id = f.id;
   // Bounded so that the next seq (highest + 1) can never wrap, whatever is planted.
-  if (!unsigned_field(j, "seq", kMaxSeq, t.seq)) return std::nullopt;
-  if (!unsigned_field(j, "uid", UINT32_MAX - 1, number)) return std::nullopt;
-  t.uid = static_cast<uid_t>(number);
-  if (!string_field(j, "user", 64, t.user)) return std::nullopt;
-  if (!unsigned_field(j, "pid", 4194304, number) || number == 0) return std::nullopt;
-  t.process.pid = static_cast<pid_t>(number);
-  if (!unsigned_field(j, "pid_start", UINT64_MAX, t.process.start_ticks)) return std::nullopt;
-  if (!j.contains("enqueued_at") || !j["enqueued_at"].is_number()) return std::nullopt;
-  t.enqueued_at = j["enqueued_at"].get<double>();
+  if (f.seq > kMaxSeq) return std::nullopt;
+  t.seq = f.seq;
+  if (f.uid > UINT32_MAX - 1) return std::nullopt;
+  t.uid = static_cast<uid_t>(f.uid);
+  if (f.user.size() > 64) return std::nullopt;
+  if (f.pid > 4194304 || f.pid == 0) return std::nullopt;
+  t.process.pid = static_cast<pid_t>(f.pid);
+  t.process.start_ticks = f.pid_start;
+  t.enqueued_at = f.enqueued_at;
   // Within what the system clock can represent (until about 2262): shown as a time point.
   if (!std::isfinite(t.enqueued_at) || t.enqueued_at < 0 || t.enqueued_at > kMaxTime)
     return std::nullopt;
-  std::string priority;
-  if (!string_field(j, "priority", 16, priority)) return std::nullopt;
-  if (priority == "low") {
+  if (f.priority.size() > 16) return std::nullopt;
+  if (f.priority == "low") {
     t.priority = Priority::kLow;
-  } else if (priority != "normal") {
+  } else if (f.priority != "normal") {
     return std::nullopt;
   }
-  if (!unsigned_field(j, "needed", kMaxCandidates, number) || number == 0) return std::nullopt;
-  t.needed = static_cast<unsigned>(number);
-  if (!j.contains("named_gpus") || !j["named_gpus"].is_boolean()) return std::nullopt;
-  t.named_gpus = j["named_gpus"].get<bool>();
-  if (j.contains("over_limit")) {
-    if (!j["over_limit"].is_boolean()) return std::nullopt;
-    t.entered_over_limit = j["over_limit"].get<bool>();
+  if (f.needed > kMaxCandidates || f.needed == 0) return std::nullopt;
+  t.needed = static_cast<unsigned>(f.needed);
+  t.named_gpus = f.named_gpus;
+  t.entered_over_limit = f.over_limit.value_or(false);
+  if (f.candidates.size() > kMaxCandidates) return std::nullopt;
+  t.candidates.reserve(f.candidates.size());
+  for (std::string_view uuid : f.candidates) {
+    if (uuid.empty() || uuid.size() > kMaxUuidLength) return std::nullopt;
+    t.candidates.emplace_back(uuid);
   }
+  if (t.named_gpus && t.candidates.size() != t.needed) return std::nullopt;
+  t.min_free_memory_bytes = f.min_free_memory;
+  if (f.max_utilization) {
+    if (*f.max_utilization > 100) return std::nullopt;
+    t.max_utilization_percent = static_cast<unsigned>(*f.max_utilization);
+  }
+  if (f.max_power) {
+    if (!std::isfinite(*f.max_power) || *f.max_power < 0) return std::nullopt;
+    t.max_power_watts = *f.max_power;
+  }
+  t.allow_foreign_processes = f.allow_foreign;
+  if (f.label.size() > kMaxTextLength || f.command.size() > kMaxTextLength) return std::nullopt;
+  for (const auto& [units, out] :
+       {std::pair{f.shared_units, &t.shared_units}, std::pair{f.shared_slots, &t.shared_slots}}) {
+    if (!units) continue;
+    if (*units > kMaxSharedUnits || *units == 0) return std::nullopt;
+    *out = static_cast<std::uint32_t>(*units);
+  }
+  t.spread = f.spread.value_or(false);
+  // Shown to people: whatever was planted must not reach a terminal as escape sequences.
+  t.user = sanitize_for_display(f.user, 64);
+  t.label = sanitize_for_display(f.label, kMaxTextLength);
+  t.command = sanitize_for_display(f.command, kMaxTextLength);
+  return t;
+}
+
+std::optional<std::string_view> string_member(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_string()) return std::nullopt;
+  return std::string_view(j[key].get_ref<const std::string&>());
+}
+
+std::optional<std::uint64_t> unsigned_member(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_number_unsigned()) return std::nullopt;
+  return j[key].get<std::uint64_t>();
+}
+
+std::optional<bool> bool_member(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_boolean()) return std::nullopt;
+  return j[key].get<bool>();
+}
+
+std::optional<double> number_member(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_number()) return std::nullopt;
+  return j[key].get<double>();
+}
+
+// Any JSON, read with nlohmann's full parser. `j` must outlive the fields (they view its
+// strings).
+std::optional<TicketFields> read_with_full_parser(const json& j) {
+  if (!j.is_object()) return std::nullopt;
+  if (!j.contains("schema") || j["schema"] != kTicketSchema) return std::nullopt;
+  TicketFields f;
+  const auto id = string_member(j, "id");
+  const auto user = string_member(j, "user");
+  const auto priority = string_member(j, "priority");
+  const auto label = string_member(j, "label");
+  const auto command = string_member(j, "command");
+  const auto seq = unsigned_member(j, "seq");
+  const auto uid = unsigned_member(j, "uid");
+  const auto pid = unsigned_member(j, "pid");
+  const auto pid_start = unsigned_member(j, "pid_start");
+  const auto needed = unsigned_member(j, "needed");
+  const auto enqueued_at = number_member(j, "enqueued_at");
+  const auto named_gpus = bool_member(j, "named_gpus");
+  const auto allow_foreign = bool_member(j, "allow_foreign");
+  if (!id || !user || !priority || !label || !command || !seq || !uid || !pid || !pid_start ||
+      !needed || !enqueued_at || !named_gpus || !allow_foreign)
+    return std::nullopt;
+  f.id = *id;
+  f.user = *user;
+  f.priority = *priority;
+  f.label = *label;
+  f.command = *command;
+  f.seq = *seq;
+  f.uid = *uid;
+  f.pid = *pid;
+  f.pid_start = *pid_start;
+  f.needed = *needed;
+  f.enqueued_at = *enqueued_at;
+  f.named_gpus = *named_gpus;
+  f.allow_foreign = *allow_foreign;
+  // Optional members: absent is fine, present with the wrong type is not.
+  const auto optional_member = [&j](const char* key, auto read, auto& out) {
+    if (!j.contains(key)) return true;
+    out = read(j, key);
+    return out.has_value();
+  };
+  if (!optional_member("over_limit", bool_member, f.over_limit) ||
+      !optional_member("spread", bool_member, f.spread) ||
+      !optional_member("min_free_memory", unsigned_member, f.min_free_memory) ||
+      !optional_member("max_utilization", unsigned_member, f.max_utilization) ||
+      !optional_member("shared_units", unsigned_member, f.shared_units) ||
+      !optional_member("shared_slots", unsigned_member, f.shared_slots) ||
+      !optional_member("max_power", number_member, f.max_power))
+    return std::nullopt;
   if (!j.contains("candidates") || !j["candidates"].is_array() ||
       j["candidates"].size() > kMaxCandidates)
     return std::nullopt;
   for (const auto& uuid : j["candidates"]) {
-    if (!uuid.is_string() || uuid.get_ref<const std::string&>().empty() ||
-        uuid.get_ref<const std::string&>().size() > kMaxUuidLength)
-      return std::nullopt;
-    t.candidates.push_back(uuid.get<std::string>());
+    if (!uuid.is_string()) return std::nullopt;
+    f.candidates.emplace_back(uuid.get_ref<const std::string&>());
   }
-  if (t.named_gpus && t.candidates.size() != t.needed) return std::nullopt;
-  if (j.contains("min_free_memory")) {
-    if (!unsigned_field(j, "min_free_memory", UINT64_MAX, number)) return std::nullopt;
-    t.min_free_memory_bytes = number;
+  return f;
+}
+
+// The ticket's fields, or nullopt where the text is not in the exact form serialize_ticket()
+// writes (nlohmann's compact dump: keys in byte order, numbers as it prints them): read without
+// building a JSON document, on the path of every plan that reaches a waiter's ticket. On what it
+// accepts it reads what the full parser would (tests/unit/ticket_test.cc checks both on tickets
+// and on every one-character mutation of one).
+std::optional<TicketFields> read_canonical(std::string_view bytes) {
+  CanonicalJsonReader in(bytes);
+  TicketFields f;
+  const auto text = [&in](std::string_view key, std::string_view& out) {
+    if (!in.literal(key)) return false;
+    const auto value = in.string();
+    if (value) out = *value;
+    return value.has_value();
+  };
+  const auto whole = [&in](std::string_view key, std::uint64_t& out) {
+    if (!in.literal(key)) return false;
+    const auto value = in.unsigned_number();
+    if (value) out = *value;
+    return value.has_value();
+  };
+  const auto flag = [&in](std::string_view key, bool& out) {
+    if (!in.literal(key)) return false;
+    const auto value = in.boolean();
+    if (value) out = *value;
+    return value.has_value();
+  };
+  // An optional member: absent, or present and well formed.
+  const auto maybe = [&in](std::string_view key, auto& out, auto read) {
+    if (!in.literal(key)) return true;
+    out = read();
+    return out.has_value();
+  };
+  if (!flag(R"({"allow_foreign":)", f.allow_foreign) || !in.literal(R"(,"candidates":[)"))
+    return std::nullopt;
+  if (!in.literal("]")) {
+    do {
+      const auto uuid = in.string();
+      if (!uuid || f.candidates.size() == kMaxCandidates) return std::nullopt;
+      f.candidates.push_back(*uuid);
+    } while (in.literal(","));
+    if (!in.literal("]")) return std::nullopt;
   }
-  if (j.contains("max_utilization")) {
-    if (!unsigned_field(j, "max_utilization", 100, number)) return std::nullopt;
-    t.max_utilization_percent = static_cast<unsigned>(number);
-  }
-  if (j.contains("max_power")) {
-    if (!j["max_power"].is_number()) return std::nullopt;
-    const double watts = j["max_power"].get<double>();
-    if (!std::isfinite(watts) || watts < 0) return std::nullopt;
-    t.max_power_watts = watts;
-  }
-  if (!j.contains("allow_foreign") || !j["allow_foreign"].is_boolean()) return std::nullopt;
-  t.allow_foreign_processes = j["allow_foreign"].get<bool>();
-  if (!string_field(j, "label", kMaxTextLength, t.label)) return std::nullopt;
-  if (!string_field(j, "command", kMaxTextLength, t.command)) return std::nullopt;
-  if (j.contains("shared_units")) {
-    if (!unsigned_field(j, "shared_units", kMaxSharedUnits, number) || number == 0)
-      return std::nullopt;
-    t.shared_units = static_cast<std::uint32_t>(number);
-  }
-  if (j.contains("shared_slots")) {
-    if (!unsigned_field(j, "shared_slots", kMaxSharedUnits, number) || number == 0)
-      return std::nullopt;
-    t.shared_slots = static_cast<std::uint32_t>(number);
-  }
-  if (j.contains("spread")) {
-    if (!j["spread"].is_boolean()) return std::nullopt;
-    t.spread = j["spread"].get<bool>();
-  }
-  // Shown to people: whatever was planted must not reach a terminal as escape sequences.
-  t.user = sanitize_for_display(t.user, 64);
-  t.label = sanitize_for_display(t.label, kMaxTextLength);
-  t.command = sanitize_for_display(t.command, kMaxTextLength);
-  return t;
+  if (!text(R"(,"command":)", f.command) || !in.literal(R"(,"enqueued_at":)")) return std::nullopt;
+  const auto enqueued_at = in.number();
+  if (!enqueued_at || !text(R"(,"id":)", f.id) || !text(R"(,"label":)", f.label))
+    return std::nullopt;
+  f.enqueued_at = *enqueued_at;
+  const auto read_number = [&in] { return in.number(); };
+  const auto read_unsigned = [&in] { return in.unsigned_number(); };
+  const auto read_bool = [&in] { return in.boolean(); };
+  if (!maybe(R"(,"max_power":)", f.max_power, read_number) ||
+      !maybe(R"(,"max_utilization":)", f.max_utilization, read_unsigned) ||
+      !maybe(R"(,"min_free_memory":)", f.min_free_memory, read_unsigned) ||
+      !flag(R"(,"named_gpus":)", f.named_gpus) || !whole(R"(,"needed":)", f.needed) ||
+      !maybe(R"(,"over_limit":)", f.over_limit, read_bool) || !whole(R"(,"pid":)", f.pid) ||
+      !whole(R"(,"pid_start":)", f.pid_start) || !text(R"(,"priority":)", f.priority) ||
+      !in.literal(R"(,"schema":1)") || !whole(R"(,"seq":)", f.seq) ||
+      !maybe(R"(,"shared_slots":)", f.shared_slots, read_unsigned) ||
+      !maybe(R"(,"shared_units":)", f.shared_units, read_unsigned) ||
+      !maybe(R"(,"spread":)", f.spread, read_bool) || !whole(R"(,"uid":)", f.uid) ||
+      !text(R"(,"user":)", f.user) || !in.literal("}"))
+    return std::nullopt;
+  // serialize_ticket() ends the document with a newline.
+  in.literal("\n");
+  if (!in.at_end()) return std::nullopt;
+  return f;
+}
+
+}  // namespace
+
+std::optional<Ticket> parse_ticket(std::string_view bytes) {
+  if (bytes.size() > kMaxTicketSize) return std::nullopt;
+  if (const auto fields = read_canonical(bytes)) return checked_ticket(*fields);
+  return parse_ticket_with_full_parser(bytes);
+}
+
+std::optional<Ticket> parse_ticket_with_full_parser(std::string_view bytes) {
+  if (bytes.size() > kMaxTicketSize) return std::nullopt;
+  const json j = json::parse(bytes, nullptr, /*allow_exceptions=*/false);
+  const std::optional<TicketFields> fields = read_with_full_parser(j);
+  if (!fields) return std::nullopt;
+  return checked_ticket(*fields);
+}
+
+bool ticket_is_canonical(std::string_view bytes) {
+  return bytes.size() <= kMaxTicketSize && read_canonical(bytes).has_value();
 }
 
 }  // namespace gpulock

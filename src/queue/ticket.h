@@ -56,6 +56,13 @@ inline constexpr std::uint32_t kMaxSharedUnits = 8192;
 inline constexpr std::size_t kMaxTicketSize = 64 * 1024;
 
 std::string serialize_ticket(const Ticket& ticket);
+// Reads what serialize_ticket() writes without building a JSON document, and anything else
+// through nlohmann's full parser, with the same checks.
 std::optional<Ticket> parse_ticket(std::string_view bytes);
+
+// For tests: the same reading through the full JSON parser alone, and whether the fast reader of
+// tickets in the form serialize_ticket() writes accepts `bytes` (parse_ticket() then uses it).
+std::optional<Ticket> parse_ticket_with_full_parser(std::string_view bytes);
+bool ticket_is_canonical(std::string_view bytes);
 
 }  // namespace gpulock

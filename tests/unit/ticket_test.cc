@@ -554,5 +554,108 @@ TEST(TicketTest, SerializeBoundsOverlongText) {
   EXPECT_TRUE(IsSafeToDisplay(back->label));
 }
 
+// --- the fast reader against the full parser -----------------------------------------------
+// parse_ticket() reads tickets in the exact form serialize_ticket() writes without building a
+// JSON document, and leaves everything else to nlohmann's parser. Whatever it accepts, it must
+// read as that parser does: the same ticket, or refused by both.
+
+// Empty if both readings agree, else what differs.
+std::string Difference(const std::optional<Ticket>& fast, const std::optional<Ticket>& full) {
+  if (fast.has_value() != full.has_value())
+    return fmt::format("fast {} vs full {}", fast ? "read" : "refused", full ? "read" : "refused");
+  if (!fast) return "";
+  const Ticket& a = *fast;
+  const Ticket& b = *full;
+  if (a.id != b.id || a.seq != b.seq || a.uid != b.uid || a.user != b.user ||
+      !(a.process == b.process) || a.enqueued_at != b.enqueued_at || a.priority != b.priority ||
+      a.needed != b.needed || a.named_gpus != b.named_gpus ||
+      a.entered_over_limit != b.entered_over_limit || a.candidates != b.candidates ||
+      a.min_free_memory_bytes != b.min_free_memory_bytes ||
+      a.max_utilization_percent != b.max_utilization_percent ||
+      a.max_power_watts != b.max_power_watts ||
+      a.allow_foreign_processes != b.allow_foreign_processes || a.label != b.label ||
+      a.command != b.command || a.shared_units != b.shared_units ||
+      a.shared_slots != b.shared_slots || a.spread != b.spread)
+    return "the tickets differ";
+  return "";
+}
+
+// A shared request's ticket, with every optional member the exclusive FullTicket() lacks.
+Ticket SharedTicket() {
+  Ticket t = FullTicket();
+  t.named_gpus = false;
+  t.entered_over_limit = true;
+  t.shared_units = 40;
+  t.shared_slots = 3;
+  t.spread = true;
+  return t;
+}
+
+TEST(TicketReaders, WhatGpulockWritesIsReadFastAndAsTheFullParserReadsIt) {
+  std::vector<std::pair<Ticket, bool>> tickets;  // and whether the fast reader takes it
+  tickets.emplace_back(FullTicket(), true);
+  tickets.emplace_back(SharedTicket(), true);
+  Ticket plain;  // what `gpulock run -- cmd` registers: no filters beyond the default
+  plain.id = "fedcba9876543210";
+  plain.process.pid = 1;
+  plain.candidates = {"GPU-x", "GPU-y"};
+  tickets.emplace_back(plain, true);
+  Ticket none = plain;
+  none.candidates.clear();
+  tickets.emplace_back(none, true);
+  for (double when : {0.0, 1e-7, 1700000000.0, 1.5e9, 123.456, 1764302400.123456}) {
+    Ticket at = FullTicket();
+    at.enqueued_at = when;
+    at.max_power_watts = when / 1e7;
+    tickets.emplace_back(at, true);
+  }
+  Ticket extremes = FullTicket();
+  extremes.seq = std::uint64_t{1} << 62;
+  extremes.uid = 4294967294u;
+  extremes.process = ProcessId{4194304, std::numeric_limits<std::uint64_t>::max()};
+  extremes.min_free_memory_bytes = std::numeric_limits<std::uint64_t>::max();
+  extremes.named_gpus = false;
+  extremes.candidates.assign(1024, "GPU-5e1f0a7e-0000-4000-8000-000000000000");
+  tickets.emplace_back(extremes, true);
+  Ticket quoted = FullTicket();
+  quoted.command = R"(sh -c "echo \"hi\"")";  // escapes: the full parser's case
+  tickets.emplace_back(quoted, false);
+  Ticket utf8 = FullTicket();
+  utf8.user = "Zoë";  // bytes beyond ASCII: the full parser's case
+  tickets.emplace_back(utf8, false);
+  for (const auto& [ticket, fast] : tickets) {
+    const std::string bytes = serialize_ticket(ticket);
+    EXPECT_EQ(ticket_is_canonical(bytes), fast) << bytes;
+    const std::optional<Ticket> read = parse_ticket(bytes);
+    ASSERT_TRUE(read.has_value()) << bytes;
+    EXPECT_EQ(Difference(read, parse_ticket_with_full_parser(bytes)), "") << bytes;
+  }
+}
+
+TEST(TicketReaders, EveryMutationOfATicketIsReadAsTheFullParserReadsIt) {
+  for (const Ticket& ticket : {FullTicket(), SharedTicket()}) {
+    const std::string base = serialize_ticket(ticket);
+    const std::vector<std::string> pieces = {
+        "",  "\"", "\\", "0",    "1",    "9",  "-",   ".",    "e",     "+",    " ", ",", "}", "]",
+        "{", ":",  "x",  "\x80", "\x1f", "00", "1.5", "null", "\"a\"", "true", "f", "[", "\n"};
+    std::size_t read_fast = 0;
+    for (std::size_t i = 0; i <= base.size(); ++i) {
+      for (const std::string& piece : pieces) {
+        for (const bool replace : {true, false}) {
+          if (replace && i == base.size()) continue;
+          std::string mutated = base;
+          mutated.replace(i, replace ? 1 : 0, piece);
+          ASSERT_EQ(Difference(parse_ticket(mutated), parse_ticket_with_full_parser(mutated)), "")
+              << "mutated ticket: " << mutated;
+          read_fast += ticket_is_canonical(mutated);
+        }
+      }
+    }
+    // The comparison means something only if the fast reader took many of the mutants (a digit
+    // changed, a string emptied, ...).
+    EXPECT_GT(read_fast, 400u);
+  }
+}
+
 }  // namespace
 }  // namespace gpulock
