@@ -224,7 +224,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     recheck_cheaply = false;
     if (!skip_plan) {
       WakesAfterRelease wakes{*this, {}};
-      AcquireMutexHold held = hold_acquire_mutex(deadline, start);
+      AcquireMutex::Hold held = hold_acquire_mutex(deadline, start);
 
       // The ring watcher learnt that the waiter before it ended: its slot goes now.
       if (watched_gone) {

@@ -9,8 +9,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -25,49 +23,10 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
-void LocalBackend::AcquireMutexHold::release() {
-  if (fd_ < 0) return;
-  unlock(fd_);
-  fd_ = -1;
-  threads_.unlock();
-}
-
-LocalBackend::AcquireMutexHold LocalBackend::hold_acquire_mutex(Clock::time_point deadline,
-                                                                Clock::time_point start) {
+AcquireMutex::Hold LocalBackend::hold_acquire_mutex(Clock::time_point deadline,
+                                                    Clock::time_point start) {
   constexpr auto kAcquireMutexGrace = std::chrono::seconds(2);
-  std::unique_lock<std::mutex> threads(acquire_mutex_);
-  if (!acquire_mutex_fd_) {
-    acquire_mutex_fd_ = dir_.open_acquire_mutex();
-    reopen_in_forked_child(acquire_mutex_fd_.get(), dir_.fd(), ".acquire.lock");
-  }
-  take_acquire_mutex(std::max(deadline, start + kAcquireMutexGrace));
-  return AcquireMutexHold(std::move(threads), acquire_mutex_fd_.get());
-}
-
-void LocalBackend::take_acquire_mutex(Clock::time_point give_up) {
-  // Polled rather than blocking (F_OFD_SETLKW), so that a process stopped inside its critical
-  // section, or one holding the 0666 mutex file's lock on purpose, cannot hang every request:
-  // they time out (75) with an explanation instead. The mutex is held for well under a
-  // millisecond, so the pause is short and random (a doubling back-off let later arrivals with
-  // short pauses take every free slot from earlier ones); only after 100 ms of failing, when
-  // something is wrong with the holder, does it grow, to spare the CPU.
-  const auto started = Clock::now();
-  auto pause = std::chrono::microseconds(1000);
-  thread_local std::minstd_rand jitter(static_cast<unsigned>(::getpid()));
-  while (!try_lock_exclusive(acquire_mutex_fd_.get())) {
-    if (Clock::now() >= give_up) {
-      throw Error(ErrorCode::kTimedOut,
-                  fmt::format("the machine-wide acquire lock {} is held by another process and "
-                              "was not released in time (a stopped or misbehaving process?)",
-                              (dir_.path() / ".acquire.lock").string()));
-    }
-    if (Clock::now() - started < std::chrono::milliseconds(100)) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20 + jitter() % 180));
-    } else {
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(10000));
-    }
-  }
+  return acquire_mutex_.hold(std::max(deadline, start + kAcquireMutexGrace));
 }
 
 LocalBackend::ChannelLoan::~ChannelLoan() {
@@ -105,9 +64,7 @@ LocalBackend::LocalBackend(std::unique_ptr<DeviceSource> source, PoolOptions opt
   }
 }
 
-LocalBackend::~LocalBackend() {
-  if (acquire_mutex_fd_) forget_in_forked_child(acquire_mutex_fd_.get());
-}
+LocalBackend::~LocalBackend() = default;
 
 void LocalBackend::prepare() {
   std::vector<std::string> uuids;

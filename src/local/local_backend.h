@@ -24,6 +24,7 @@
 #include "gpulock/config.hpp"
 #include "gpulock/gpu_pool.hpp"
 #include "journal/file_journal.h"
+#include "local/acquire_mutex.h"
 #include "local/lock_directory.h"
 #include "local/queue_directory.h"
 #include "local/wait_channel.h"
@@ -119,30 +120,11 @@ class LocalBackend final : public LeaseBackend {
   // The user name of a uid, cached: planning asks for it often.
   const std::string& user_of(uid_t uid);
 
-  // The machine-wide acquire mutex held, by this thread against this process's others and by
-  // this process against every other, for the object's lifetime.
-  class AcquireMutexHold {
-   public:
-    AcquireMutexHold(std::unique_lock<std::mutex> threads, int fd)
-        : threads_(std::move(threads)), fd_(fd) {}
-    ~AcquireMutexHold() { release(); }
-    AcquireMutexHold(const AcquireMutexHold&) = delete;
-    AcquireMutexHold& operator=(const AcquireMutexHold&) = delete;
-    // Drops the file's lock, then the threads' mutex; once.
-    void release();
-
-   private:
-    std::unique_lock<std::mutex> threads_;
-    int fd_;
-  };
-  // Takes the acquire mutex (opening its file on first use), or throws kTimedOut at `deadline`,
-  // though never before kAcquireMutexGrace after `start`: others hold it for microseconds, and
-  // even a request that does not wait gets that long before it blames the mutex's holder.
-  AcquireMutexHold hold_acquire_mutex(std::chrono::steady_clock::time_point deadline,
-                                      std::chrono::steady_clock::time_point start);
-  // Locks the mutex file, or throws kTimedOut at `give_up`.
-  // REQUIRES: acquire_mutex_ held, acquire_mutex_fd_ open.
-  void take_acquire_mutex(std::chrono::steady_clock::time_point give_up);
+  // Takes the machine-wide acquire mutex, or throws kTimedOut at `deadline`, though never
+  // before kAcquireMutexGrace after `start`: others hold it for microseconds, and even a request
+  // that does not wait gets that long before it blames the mutex's holder.
+  AcquireMutex::Hold hold_acquire_mutex(std::chrono::steady_clock::time_point deadline,
+                                        std::chrono::steady_clock::time_point start);
 
   // The queue directory, opened on first use. Without `create`, nullptr while it does not
   // exist (nobody has waited yet, or the lock directory is read-only to us).
@@ -184,10 +166,8 @@ class LocalBackend final : public LeaseBackend {
   std::shared_ptr<UsageJournal> journal_;
   std::shared_ptr<FileJournal> file_journal_;  // the same, where it is on
 
-  // Serialises acquisitions: threads of this process via the mutex, all processes of the
-  // machine via an OFD lock on the directory's acquire mutex file.
-  std::mutex acquire_mutex_;
-  UniqueFd acquire_mutex_fd_;
+  // Serialises acquisitions: threads of this process, and all processes of the machine.
+  AcquireMutex acquire_mutex_{dir_};
   std::mutex queue_dir_mutex_;
   std::unique_ptr<QueueDirectory> queue_dir_;
   std::mutex channels_mutex_;

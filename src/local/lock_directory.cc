@@ -20,7 +20,6 @@ namespace {
 
 constexpr mode_t kSharedDirMode = 01777;
 constexpr mode_t kLockFileMode = 0666;
-constexpr const char* kAcquireMutexName = ".acquire.lock";
 
 // Magic numbers of network file systems, where flock/OFD locks are emulated or unreliable.
 constexpr long kNfsMagic = 0x6969;
@@ -274,6 +273,8 @@ void LockDirectory::prepare(const std::vector<std::string>& uuids) const {
   };
   make_root_owned(dir_fd_.get(), kSharedDirMode, path_.string());
   make_root_owned(open_acquire_mutex().get(), kLockFileMode, "the acquire mutex file");
+  if (const UniqueFd wake = open_acquire_wake())
+    make_root_owned(wake.get(), kLockFileMode, "the acquire mutex's wake FIFO");
   for (const auto& uuid : uuids)
     make_root_owned(open_lock_file(uuid).get(), kLockFileMode, lock_file_path(uuid).string());
 }
@@ -289,6 +290,18 @@ std::optional<nlink_t> LockDirectory::links_if_current(const struct stat& opened
 
 UniqueFd LockDirectory::open_acquire_mutex() const {
   return open_file(kAcquireMutexName, true);
+}
+
+UniqueFd LockDirectory::open_acquire_wake() const {
+  // Made by whoever comes first; the mode is set after the umask has had its say. Opened
+  // without O_CREAT, which fs.protected_fifos restricts in a sticky directory.
+  const bool made = ::mkfifoat(dir_fd_.get(), kAcquireWakeName, kLockFileMode) == 0;
+  UniqueFd fd(::openat(dir_fd_.get(), kAcquireWakeName,
+                       O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISFIFO(st.st_mode)) return UniqueFd();
+  if (made) ::fchmod(fd.get(), kLockFileMode);
+  return fd;
 }
 
 }  // namespace gpulock

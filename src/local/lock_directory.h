@@ -53,7 +53,14 @@ class LockDirectory {
   std::optional<nlink_t> links_if_current(const struct stat& opened, const std::string& uuid) const;
 
   // The file whose lock serialises acquisitions machine-wide (".acquire.lock").
+  static constexpr const char* kAcquireMutexName = ".acquire.lock";
   UniqueFd open_acquire_mutex() const;
+  // The FIFO on which processes waiting for that lock sleep (".acquire.wake", mode 0666; see
+  // acquire_mutex.h), created when missing and opened for reading and writing, non-blocking;
+  // an empty descriptor where it cannot be used (a file of another kind under its name, or one
+  // this process may not open), and the waiters poll instead.
+  static constexpr const char* kAcquireWakeName = ".acquire.wake";
+  UniqueFd open_acquire_wake() const;
 
   // Another file shared read-write by every user (mode 0666), created complete when missing,
   // with the same checks as a lock file.
