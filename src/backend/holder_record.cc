@@ -9,12 +9,14 @@
 #include <nlohmann/json.hpp>
 
 #include "util/canonical_json_reader.h"
+#include "util/json_members.h"
 #include "util/random_id.h"
 #include "util/strings.h"
 
 namespace gpulock {
 namespace {
 
+using json_members::string_member;
 using nlohmann::json;
 
 constexpr int kRecordSchema = 1;
@@ -174,11 +176,6 @@ ProcessId process_from_json(const json& j) {
   const auto pid = j["pid"].get<std::uint64_t>();
   if (pid == 0 || pid > kMaxPid) return {};
   return ProcessId{static_cast<pid_t>(pid), j["start"].get<std::uint64_t>()};
-}
-
-std::optional<std::string_view> string_member(const json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_string()) return std::nullopt;
-  return std::string_view(j[key].get_ref<const std::string&>());
 }
 
 // Any JSON, read with nlohmann's full parser.

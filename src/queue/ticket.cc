@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "util/canonical_json_reader.h"
+#include "util/json_members.h"
 #include "util/random_id.h"
 #include "util/strings.h"
 
@@ -13,6 +14,7 @@ namespace gpulock {
 namespace {
 
 using nlohmann::json;
+using namespace json_members;
 
 constexpr int kTicketSchema = 1;
 constexpr std::size_t kMaxCandidates = 1024;
@@ -122,26 +124,6 @@ std::optional<Ticket> checked_ticket(const TicketFields& f) {
   t.label = sanitize_for_display(f.label, kMaxTextLength);
   t.command = sanitize_for_display(f.command, kMaxTextLength);
   return t;
-}
-
-std::optional<std::string_view> string_member(const json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_string()) return std::nullopt;
-  return std::string_view(j[key].get_ref<const std::string&>());
-}
-
-std::optional<std::uint64_t> unsigned_member(const json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_number_unsigned()) return std::nullopt;
-  return j[key].get<std::uint64_t>();
-}
-
-std::optional<bool> bool_member(const json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_boolean()) return std::nullopt;
-  return j[key].get<bool>();
-}
-
-std::optional<double> number_member(const json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_number()) return std::nullopt;
-  return j[key].get<double>();
 }
 
 // Any JSON, read with nlohmann's full parser. `j` must outlive the fields (they view its
