@@ -39,12 +39,18 @@ AcquireMutex::Hold AcquireMutex::hold(Clock::time_point give_up) {
 }
 
 void AcquireMutex::open_files() {
-  if (fd_) return;
-  fd_ = dir_.open_acquire_mutex();
-  // A child forked while another thread holds the mutex must not keep it (fork_guard.h). The
-  // FIFO needs no such care: it holds no lock, and a byte too many only costs an attempt.
-  reopen_in_forked_child(fd_.get(), dir_.fd(), LockDirectory::kAcquireMutexName);
-  wake_fd_ = dir_.open_acquire_wake();
+  if (!fd_) {
+    fd_ = dir_.open_acquire_mutex();
+    // A child forked while another thread holds the mutex must not keep it (fork_guard.h). The
+    // FIFO needs no such care: it holds no lock, and a byte too many only costs an attempt.
+    reopen_in_forked_child(fd_.get(), dir_.fd(), LockDirectory::kAcquireMutexName);
+  }
+  // A FIFO that could not be used (not made yet by another user, or its mode not set yet) is
+  // tried again now and then, not at every acquisition.
+  if (!wake_fd_ && Clock::now() >= next_wake_try_) {
+    wake_fd_ = dir_.open_acquire_wake();
+    if (!wake_fd_) next_wake_try_ = Clock::now() + kWakeRetryInterval;
+  }
 }
 
 void AcquireMutex::take(Clock::time_point give_up) {
@@ -61,16 +67,18 @@ void AcquireMutex::take(Clock::time_point give_up) {
     }
     const bool long_held = now - started >= std::chrono::milliseconds(100);
     if (wake_fd_) {
-      // Until the holder lets go (its byte), or the safety interval passes; a byte written
-      // between the failed attempt and the poll is still there, so no release is missed.
+      // Until a holder lets go (its byte), or the safety interval passes. A byte written between
+      // the failed attempt and the poll is still there, unless another waiter read it: that
+      // one tries the mutex, and whoever then holds it writes again when it lets go.
       auto timeout =
           long_held ? std::max(safety_interval_, std::chrono::milliseconds(10)) : safety_interval_;
       timeout = std::min(timeout, std::chrono::ceil<std::chrono::milliseconds>(give_up - now));
       pollfd wake{wake_fd_.get(), POLLIN, 0};
       if (::poll(&wake, 1, static_cast<int>(timeout.count())) > 0 && (wake.revents & POLLIN)) {
-        char bytes[512];
-        while (::read(wake_fd_.get(), bytes, sizeof bytes) == static_cast<ssize_t>(sizeof bytes)) {
-        }
+        // One read, whatever is left: a FIFO kept full by someone must not keep us from
+        // trying the mutex and watching the clock.
+        char bytes[4096];
+        [[maybe_unused]] const ssize_t drained = ::read(wake_fd_.get(), bytes, sizeof bytes);
       }
     } else if (!long_held) {
       // Short and random: a doubling back-off let later arrivals with short pauses take every

@@ -67,6 +67,8 @@ class AcquireMutex {
   std::mutex threads_;
   UniqueFd fd_;
   UniqueFd wake_fd_;  // open for reading and writing; empty where the FIFO is unusable
+  Clock::time_point next_wake_try_{};
+  static constexpr std::chrono::seconds kWakeRetryInterval{1};
 };
 
 }  // namespace gpulock

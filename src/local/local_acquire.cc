@@ -135,10 +135,17 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     void add(std::string id, WakeReason reason = WakeReason::kPlan) {
       pending.emplace_back(std::move(id), reason);
     }
+    // Also while an exception leaves the block (one from opening the queue directory, say):
+    // nothing may escape, and with nothing to send nothing is opened.
     ~WakesAfterRelease() {
-      QueueDirectory* queue = pool.queue_dir(false);
-      if (!queue) return;
-      for (const auto& [id, reason] : pending) queue->wake(id, reason);
+      if (pending.empty()) return;
+      try {
+        QueueDirectory* queue = pool.queue_dir(false);
+        if (!queue) return;
+        for (const auto& [id, reason] : pending) queue->wake(id, reason);
+      } catch (...) {
+        // Best effort, like every wake-up: the dispatchers hear releases and departures anyway.
+      }
     }
   };
   const auto tell_new_dispatchers = [&](std::span<const IndexEntry> live, bool leaving,

@@ -298,9 +298,14 @@ UniqueFd LockDirectory::open_acquire_wake() const {
   const bool made = ::mkfifoat(dir_fd_.get(), kAcquireWakeName, kLockFileMode) == 0;
   UniqueFd fd(::openat(dir_fd_.get(), kAcquireWakeName,
                        O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY));
+  // One link only: a FIFO linked in from elsewhere (another program's) must not be written to,
+  // nor made root-owned and world-writable by `gpulock init`.
   struct stat st {};
-  if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISFIFO(st.st_mode)) return UniqueFd();
-  if (made) ::fchmod(fd.get(), kLockFileMode);
+  if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISFIFO(st.st_mode) || st.st_nlink != 1)
+    return UniqueFd();
+  // Repaired when ours (its maker may have been killed before it set the mode).
+  if (made || (st.st_uid == ::geteuid() && (st.st_mode & 07777) != kLockFileMode))
+    ::fchmod(fd.get(), kLockFileMode);
   return fd;
 }
 

@@ -467,3 +467,20 @@ def test_unwritable_lock_file_of_other_user_is_skipped(mu, test_users):
                     prefix=b.prefix())
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() in ("1", "2", "3")
+
+
+def test_planted_queue_symlink_is_an_error_not_a_crash(gl, held):
+    # Planted before anyone made the queue's directory (after a reboot, before `gpulock init`):
+    # every acquisition refuses it with a clear error; none may abort.
+    locks = gl.tmp / "locks-with-planted-queue"
+    locks.mkdir()
+    os.chmod(locks, 0o1777)
+    elsewhere = gl.tmp / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, locks / "queue")
+    for args in (["run", "-n", "1", "--", "true"], ["run", "-n", "1", "--no-wait", "--", "true"]):
+        result = gl.run(*args, env=gl.env(lock_dir=locks))
+        assert result.returncode == EX_UNAVAILABLE, (result.returncode, result.stderr)
+        assert "symbolic link" in result.stderr, result.stderr
+    assert os.listdir(elsewhere) == []
+    assert_still_held(gl, held)
