@@ -388,18 +388,15 @@ std::optional<Ticket> QueueDirectory::read_ticket(const IndexEntry& entry) const
   return it->second.ticket;
 }
 
-void QueueDirectory::wake_successor(std::uint64_t seq, const Listing* listing) const {
+void QueueDirectory::wake_successor(std::uint64_t seq) const {
   Listing read;
-  if (!listing) {
-    try {
-      read.contents = index().read();
-      read.index = std::move(read.contents.entries);
-    } catch (const Error&) {
-      return;  // best effort: the dispatchers hear the departure anyway
-    }
-    listing = &read;
+  try {
+    read.contents = index().read();
+    read.index = std::move(read.contents.entries);
+  } catch (const Error&) {
+    return;  // best effort: the dispatchers hear the departure anyway
   }
-  if (std::optional<std::string> next = successor(seq, *listing)) wake(*next);
+  if (std::optional<std::string> next = successor(seq, read)) wake(*next);
 }
 
 std::optional<std::string> QueueDirectory::successor(std::uint64_t seq, const Listing& listing) {

@@ -122,8 +122,8 @@ class QueueDirectory {
   bool remove_dead(const IndexEntry& entry) const;
 
   // Wakes the waiter that registered next after `seq` (the one that watches that waiter's
-  // process), from `listing` when given, else from the index as it is now.
-  void wake_successor(std::uint64_t seq, const Listing* listing = nullptr) const;
+  // process), as the index is now.
+  void wake_successor(std::uint64_t seq) const;
   // The id of the waiter in `listing` that registered next after `seq`, if any.
   static std::optional<std::string> successor(std::uint64_t seq, const Listing& listing);
 
