@@ -16,7 +16,7 @@
 namespace gpulock {
 namespace {
 
-using json_members::string_member;
+using namespace json_members;
 using nlohmann::json;
 
 constexpr int kRecordSchema = 1;
@@ -186,39 +186,26 @@ std::optional<HolderRecord> read_with_full_parser(std::string_view bytes) {
       j["schema"].get<int>() != kRecordSchema)
     return std::nullopt;
   RecordFields f;
-  const auto lease_id = string_member(j, "lease_id");
-  const auto user = string_member(j, "user");
-  const auto host = string_member(j, "host");
-  const auto boot = string_member(j, "boot_id");
-  const auto kind = string_member(j, "kind");
-  const auto command = string_member(j, "command");
-  const auto label = string_member(j, "label");
-  if (!lease_id || !user || !host || !boot || !kind || !command || !label) return std::nullopt;
-  f.lease_id = *lease_id;
-  f.user = *user;
-  f.host = *host;
-  f.boot_id = *boot;
-  f.kind = *kind;
-  f.command = *command;
-  f.label = *label;
-  if (!j.contains("uid") || !j["uid"].is_number_unsigned()) return std::nullopt;
-  f.uid = j["uid"].get<std::uint64_t>();
+  if (!required(j, "lease_id", string_member, f.lease_id) ||
+      !required(j, "user", string_member, f.user) || !required(j, "host", string_member, f.host) ||
+      !required(j, "boot_id", string_member, f.boot_id) ||
+      !required(j, "kind", string_member, f.kind) ||
+      !required(j, "command", string_member, f.command) ||
+      !required(j, "label", string_member, f.label) ||
+      !required(j, "uid", unsigned_member, f.uid) ||
+      !required(j, "started_at", number_member, f.started_at) ||
+      !optional(j, "memory_bytes", unsigned_member, f.memory_bytes))
+    return std::nullopt;
   if (!j.contains("holder")) return std::nullopt;
   f.holder = process_from_json(j["holder"]);
   if (!j.contains("members") || !j["members"].is_array() || j["members"].size() > kMaxMembers)
     return std::nullopt;
   for (const auto& m : j["members"]) f.members.push_back(process_from_json(m));
-  if (!j.contains("started_at") || !j["started_at"].is_number()) return std::nullopt;
-  f.started_at = j["started_at"].get<double>();
   if (!j.contains("gpus") || !j["gpus"].is_array() || j["gpus"].size() > kMaxGpusInRecord)
     return std::nullopt;
   for (const auto& g : j["gpus"]) {
     if (!g.is_string()) return std::nullopt;
     f.gpus.push_back(g.get_ref<const std::string&>());
-  }
-  if (j.contains("memory_bytes")) {
-    if (!j["memory_bytes"].is_number_unsigned()) return std::nullopt;
-    f.memory_bytes = j["memory_bytes"].get<std::uint64_t>();
   }
   return checked_record(f);
 }
@@ -242,22 +229,11 @@ std::optional<ProcessId> read_process(CanonicalJsonReader& in) {
 std::optional<RecordFields> read_canonical(std::string_view bytes) {
   CanonicalJsonReader in(bytes);
   RecordFields f;
-  const auto text_field = [&in](std::string_view key, std::string_view& out) {
-    if (!in.literal(key)) return false;
-    const auto value = in.string();
-    if (!value) return false;
-    out = *value;
-    return true;
-  };
-  if (!in.literal(R"({"schema":1,)") || !text_field(R"("lease_id":)", f.lease_id) ||
-      !in.literal(R"(,"uid":)"))
+  if (!in.literal(R"({"schema":1)") || !in.member(R"(,"lease_id":)", f.lease_id) ||
+      !in.member(R"(,"uid":)", f.uid) || !in.member(R"(,"user":)", f.user) ||
+      !in.member(R"(,"host":)", f.host) || !in.member(R"(,"boot_id":)", f.boot_id) ||
+      !in.member(R"(,"kind":)", f.kind) || !in.literal(R"(,"holder":)"))
     return std::nullopt;
-  const auto uid = in.unsigned_number();
-  if (!uid || !text_field(R"(,"user":)", f.user) || !text_field(R"(,"host":)", f.host) ||
-      !text_field(R"(,"boot_id":)", f.boot_id) || !text_field(R"(,"kind":)", f.kind) ||
-      !in.literal(R"(,"holder":)"))
-    return std::nullopt;
-  f.uid = *uid;
   const auto holder = read_process(in);
   if (!holder || !in.literal(R"(,"members":[)")) return std::nullopt;
   f.holder = *holder;
@@ -269,25 +245,20 @@ std::optional<RecordFields> read_canonical(std::string_view bytes) {
     } while (in.literal(","));
     if (!in.literal("]")) return std::nullopt;
   }
-  if (!text_field(R"(,"command":)", f.command) || !text_field(R"(,"label":)", f.label) ||
-      !in.literal(R"(,"started_at":)"))
+  if (!in.member(R"(,"command":)", f.command) || !in.member(R"(,"label":)", f.label) ||
+      !in.member(R"(,"started_at":)", f.started_at) || !in.literal(R"(,"gpus":[)"))
     return std::nullopt;
-  const auto started_at = in.number();
-  if (!started_at || !in.literal(R"(,"gpus":[)")) return std::nullopt;
-  f.started_at = *started_at;
   if (!in.literal("]")) {
     do {
-      std::string_view gpu;
-      if (!text_field("", gpu) || f.gpus.size() == kMaxGpusInRecord) return std::nullopt;
-      f.gpus.push_back(gpu);
+      const auto gpu = in.string();
+      if (!gpu || f.gpus.size() == kMaxGpusInRecord) return std::nullopt;
+      f.gpus.push_back(*gpu);
     } while (in.literal(","));
     if (!in.literal("]")) return std::nullopt;
   }
-  if (in.literal(R"(,"memory_bytes":)")) {
-    f.memory_bytes = in.unsigned_number();
-    if (!f.memory_bytes) return std::nullopt;
-  }
-  if (!in.literal("}") || !in.at_end()) return std::nullopt;
+  if (!in.optional_member(R"(,"memory_bytes":)", f.memory_bytes) || !in.literal("}") ||
+      !in.at_end())
+    return std::nullopt;
   return f;
 }
 

@@ -132,48 +132,24 @@ std::optional<TicketFields> read_with_full_parser(const json& j) {
   if (!j.is_object()) return std::nullopt;
   if (!j.contains("schema") || j["schema"] != kTicketSchema) return std::nullopt;
   TicketFields f;
-  const auto id = string_member(j, "id");
-  const auto user = string_member(j, "user");
-  const auto priority = string_member(j, "priority");
-  const auto label = string_member(j, "label");
-  const auto command = string_member(j, "command");
-  const auto seq = unsigned_member(j, "seq");
-  const auto uid = unsigned_member(j, "uid");
-  const auto pid = unsigned_member(j, "pid");
-  const auto pid_start = unsigned_member(j, "pid_start");
-  const auto needed = unsigned_member(j, "needed");
-  const auto enqueued_at = number_member(j, "enqueued_at");
-  const auto named_gpus = bool_member(j, "named_gpus");
-  const auto allow_foreign = bool_member(j, "allow_foreign");
-  if (!id || !user || !priority || !label || !command || !seq || !uid || !pid || !pid_start ||
-      !needed || !enqueued_at || !named_gpus || !allow_foreign)
-    return std::nullopt;
-  f.id = *id;
-  f.user = *user;
-  f.priority = *priority;
-  f.label = *label;
-  f.command = *command;
-  f.seq = *seq;
-  f.uid = *uid;
-  f.pid = *pid;
-  f.pid_start = *pid_start;
-  f.needed = *needed;
-  f.enqueued_at = *enqueued_at;
-  f.named_gpus = *named_gpus;
-  f.allow_foreign = *allow_foreign;
-  // Optional members: absent is fine, present with the wrong type is not.
-  const auto optional_member = [&j](const char* key, auto read, auto& out) {
-    if (!j.contains(key)) return true;
-    out = read(j, key);
-    return out.has_value();
-  };
-  if (!optional_member("over_limit", bool_member, f.over_limit) ||
-      !optional_member("spread", bool_member, f.spread) ||
-      !optional_member("min_free_memory", unsigned_member, f.min_free_memory) ||
-      !optional_member("max_utilization", unsigned_member, f.max_utilization) ||
-      !optional_member("shared_units", unsigned_member, f.shared_units) ||
-      !optional_member("shared_slots", unsigned_member, f.shared_slots) ||
-      !optional_member("max_power", number_member, f.max_power))
+  if (!required(j, "id", string_member, f.id) || !required(j, "user", string_member, f.user) ||
+      !required(j, "priority", string_member, f.priority) ||
+      !required(j, "label", string_member, f.label) ||
+      !required(j, "command", string_member, f.command) ||
+      !required(j, "seq", unsigned_member, f.seq) || !required(j, "uid", unsigned_member, f.uid) ||
+      !required(j, "pid", unsigned_member, f.pid) ||
+      !required(j, "pid_start", unsigned_member, f.pid_start) ||
+      !required(j, "needed", unsigned_member, f.needed) ||
+      !required(j, "enqueued_at", number_member, f.enqueued_at) ||
+      !required(j, "named_gpus", bool_member, f.named_gpus) ||
+      !required(j, "allow_foreign", bool_member, f.allow_foreign) ||
+      !optional(j, "over_limit", bool_member, f.over_limit) ||
+      !optional(j, "spread", bool_member, f.spread) ||
+      !optional(j, "min_free_memory", unsigned_member, f.min_free_memory) ||
+      !optional(j, "max_utilization", unsigned_member, f.max_utilization) ||
+      !optional(j, "shared_units", unsigned_member, f.shared_units) ||
+      !optional(j, "shared_slots", unsigned_member, f.shared_slots) ||
+      !optional(j, "max_power", number_member, f.max_power))
     return std::nullopt;
   if (!j.contains("candidates") || !j["candidates"].is_array() ||
       j["candidates"].size() > kMaxCandidates)
@@ -193,31 +169,7 @@ std::optional<TicketFields> read_with_full_parser(const json& j) {
 std::optional<TicketFields> read_canonical(std::string_view bytes) {
   CanonicalJsonReader in(bytes);
   TicketFields f;
-  const auto text = [&in](std::string_view key, std::string_view& out) {
-    if (!in.literal(key)) return false;
-    const auto value = in.string();
-    if (value) out = *value;
-    return value.has_value();
-  };
-  const auto whole = [&in](std::string_view key, std::uint64_t& out) {
-    if (!in.literal(key)) return false;
-    const auto value = in.unsigned_number();
-    if (value) out = *value;
-    return value.has_value();
-  };
-  const auto flag = [&in](std::string_view key, bool& out) {
-    if (!in.literal(key)) return false;
-    const auto value = in.boolean();
-    if (value) out = *value;
-    return value.has_value();
-  };
-  // An optional member: absent, or present and well formed.
-  const auto maybe = [&in](std::string_view key, auto& out, auto read) {
-    if (!in.literal(key)) return true;
-    out = read();
-    return out.has_value();
-  };
-  if (!flag(R"({"allow_foreign":)", f.allow_foreign) || !in.literal(R"(,"candidates":[)"))
+  if (!in.member(R"({"allow_foreign":)", f.allow_foreign) || !in.literal(R"(,"candidates":[)"))
     return std::nullopt;
   if (!in.literal("]")) {
     do {
@@ -227,25 +179,19 @@ std::optional<TicketFields> read_canonical(std::string_view bytes) {
     } while (in.literal(","));
     if (!in.literal("]")) return std::nullopt;
   }
-  if (!text(R"(,"command":)", f.command) || !in.literal(R"(,"enqueued_at":)")) return std::nullopt;
-  const auto enqueued_at = in.number();
-  if (!enqueued_at || !text(R"(,"id":)", f.id) || !text(R"(,"label":)", f.label))
-    return std::nullopt;
-  f.enqueued_at = *enqueued_at;
-  const auto read_number = [&in] { return in.number(); };
-  const auto read_unsigned = [&in] { return in.unsigned_number(); };
-  const auto read_bool = [&in] { return in.boolean(); };
-  if (!maybe(R"(,"max_power":)", f.max_power, read_number) ||
-      !maybe(R"(,"max_utilization":)", f.max_utilization, read_unsigned) ||
-      !maybe(R"(,"min_free_memory":)", f.min_free_memory, read_unsigned) ||
-      !flag(R"(,"named_gpus":)", f.named_gpus) || !whole(R"(,"needed":)", f.needed) ||
-      !maybe(R"(,"over_limit":)", f.over_limit, read_bool) || !whole(R"(,"pid":)", f.pid) ||
-      !whole(R"(,"pid_start":)", f.pid_start) || !text(R"(,"priority":)", f.priority) ||
-      !in.literal(R"(,"schema":1)") || !whole(R"(,"seq":)", f.seq) ||
-      !maybe(R"(,"shared_slots":)", f.shared_slots, read_unsigned) ||
-      !maybe(R"(,"shared_units":)", f.shared_units, read_unsigned) ||
-      !maybe(R"(,"spread":)", f.spread, read_bool) || !whole(R"(,"uid":)", f.uid) ||
-      !text(R"(,"user":)", f.user) || !in.literal("}"))
+  if (!in.member(R"(,"command":)", f.command) || !in.member(R"(,"enqueued_at":)", f.enqueued_at) ||
+      !in.member(R"(,"id":)", f.id) || !in.member(R"(,"label":)", f.label) ||
+      !in.optional_member(R"(,"max_power":)", f.max_power) ||
+      !in.optional_member(R"(,"max_utilization":)", f.max_utilization) ||
+      !in.optional_member(R"(,"min_free_memory":)", f.min_free_memory) ||
+      !in.member(R"(,"named_gpus":)", f.named_gpus) || !in.member(R"(,"needed":)", f.needed) ||
+      !in.optional_member(R"(,"over_limit":)", f.over_limit) || !in.member(R"(,"pid":)", f.pid) ||
+      !in.member(R"(,"pid_start":)", f.pid_start) || !in.member(R"(,"priority":)", f.priority) ||
+      !in.literal(R"(,"schema":1)") || !in.member(R"(,"seq":)", f.seq) ||
+      !in.optional_member(R"(,"shared_slots":)", f.shared_slots) ||
+      !in.optional_member(R"(,"shared_units":)", f.shared_units) ||
+      !in.optional_member(R"(,"spread":)", f.spread) || !in.member(R"(,"uid":)", f.uid) ||
+      !in.member(R"(,"user":)", f.user) || !in.literal("}"))
     return std::nullopt;
   // serialize_ticket() ends the document with a newline.
   in.literal("\n");

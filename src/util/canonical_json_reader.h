@@ -29,8 +29,39 @@ class CanonicalJsonReader {
   std::optional<bool> boolean();
   bool at_end() const { return rest_.empty(); }
 
+  // `key` (with the punctuation before the value, e.g. `,"uid":`), then a value of `out`'s kind
+  // (string, unsigned_number, number, boolean) into `out`; false if either is not there.
+  bool member(std::string_view key, std::string_view& out) {
+    return read(key, out, &CanonicalJsonReader::string);
+  }
+  bool member(std::string_view key, std::uint64_t& out) {
+    return read(key, out, &CanonicalJsonReader::unsigned_number);
+  }
+  bool member(std::string_view key, double& out) {
+    return read(key, out, &CanonicalJsonReader::number);
+  }
+  bool member(std::string_view key, bool& out) {
+    return read(key, out, &CanonicalJsonReader::boolean);
+  }
+  // An optional member: true when `key` is not there (`out` untouched) or is, with a value.
+  template <typename T>
+  bool optional_member(std::string_view key, std::optional<T>& out) {
+    if (!rest_.starts_with(key)) return true;
+    T value{};
+    if (!member(key, value)) return false;
+    out = value;
+    return true;
+  }
+
  private:
   std::size_t count_digits(std::size_t from = 0) const;
+  template <typename T>
+  bool read(std::string_view key, T& out, std::optional<T> (CanonicalJsonReader::*value)()) {
+    if (!literal(key)) return false;
+    const std::optional<T> got = (this->*value)();
+    if (got) out = *got;
+    return got.has_value();
+  }
   std::string_view rest_;
 };
 

@@ -34,4 +34,21 @@ inline std::optional<double> number_member(const nlohmann::json& j, const char* 
   return j[key].get<double>();
 }
 
+// Member `key` read with `read` (one of the above) into `out`; false if missing or of another
+// type.
+template <typename Read, typename T>
+bool required(const nlohmann::json& j, const char* key, Read read, T& out) {
+  const auto value = read(j, key);
+  if (value) out = *value;
+  return value.has_value();
+}
+
+// An optional member: true when absent (`out` untouched) or present with the right type.
+template <typename Read, typename T>
+bool optional(const nlohmann::json& j, const char* key, Read read, std::optional<T>& out) {
+  if (!j.contains(key)) return true;
+  out = read(j, key);
+  return out.has_value();
+}
+
 }  // namespace gpulock::json_members
