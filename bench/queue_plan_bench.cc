@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <memory>
+#include <random>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -59,7 +60,11 @@ void queue_sizes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMicrosecond)->Repetitions(5)->ReportAggregatesOnly(true);
 }
 
-void BM_NoWaitPlanBehindQueue(benchmark::State& state) {
+// The plan behind N waiters for one held GPU; with `churned`, behind a queue as a churn leaves
+// it: N times a random waiter leaves and a new one registers, into the slot it freed, with the
+// newest seq. The index's slots are then no longer in arrival order, as with hundreds of
+// processes that acquire, release and queue again.
+void no_wait_plans(benchmark::State& state, bool churned) {
   raise_open_file_limit();
   const auto waiting = static_cast<std::size_t>(state.range(0));
   gpulock_bench::TempDir scratch;
@@ -74,7 +79,14 @@ void BM_NoWaitPlanBehindQueue(benchmark::State& state) {
   // The waiters: what the index holds for `gpulock run -n 1` of this user.
   const gpulock::LockDirectory locks = gpulock::LockDirectory::open(scratch.lock_dir());
   const auto queue = gpulock::QueueDirectory::open(locks, true);
-  const auto tickets = queue_waiters(*queue, waiting, holder.gpus().front().uuid, false);
+  const std::string uuid = holder.gpus().front().uuid;
+  std::vector<gpulock::OwnTicket> tickets = queue_waiters(*queue, waiting, uuid, false);
+  std::minstd_rand pick(12);
+  for (std::size_t round = 0; churned && round < waiting; ++round) {
+    gpulock::OwnTicket& leaving = tickets[pick() % waiting];
+    leaving.leave();
+    leaving = std::move(queue_waiters(*queue, 1, uuid, false).front());
+  }
 
   // A pool of its own, as another process would have (nothing cached from the registrations).
   gpulock::GpuPool planner(gpulock::make_simulated_source(1), options);
@@ -92,7 +104,16 @@ void BM_NoWaitPlanBehindQueue(benchmark::State& state) {
   }
   state.counters["waiting"] = static_cast<double>(waiting);
 }
+
+void BM_NoWaitPlanBehindQueue(benchmark::State& state) {
+  no_wait_plans(state, false);
+}
 BENCHMARK(BM_NoWaitPlanBehindQueue)->Apply(queue_sizes);
+
+void BM_NoWaitPlanBehindChurnedQueue(benchmark::State& state) {
+  no_wait_plans(state, true);
+}
+BENCHMARK(BM_NoWaitPlanBehindChurnedQueue)->Apply(queue_sizes);
 
 // A free GPU that none of the waiters can use: on 2 GPUs, GPU 0 is held and N waiters named it
 // (`gpulock run -g 0`); a newcomer for any GPU takes free GPU 1 and releases it. Its plan must

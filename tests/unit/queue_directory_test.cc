@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -356,6 +357,76 @@ TEST_F(QueueDirectoryTest, IndexListsByArrivalWhenAReusedSlotHoldsALaterArrival)
   const std::vector<Ticket> listed = Listed(listing);
   ASSERT_EQ(listed.size(), 3u);
   for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(listed[i].id, arrival[i]);
+}
+
+// The seqs of the index's entries as listed, and whether they are in arrival order.
+std::vector<std::uint64_t> ListedSeqs(const QueueDirectory::Listing& listing) {
+  std::vector<std::uint64_t> seqs;
+  for (const IndexEntry& e : listing.index) seqs.push_back(e.seq);
+  return seqs;
+}
+
+TEST_F(QueueDirectoryTest, IndexListsByArrivalAfterAChurn) {
+  // Hundreds of waiters leaving from anywhere and newcomers filling their slots: the table is
+  // far out of arrival order, with seqs close together (listed in one pass, not sorted).
+  std::vector<OwnTicket> owners;
+  for (int i = 0; i < 60; ++i) owners.push_back(queue_->enter(MakeTicket(0)));
+  std::minstd_rand pick(7);
+  for (int round = 0; round < 300; ++round) {
+    OwnTicket& leaving = owners[pick() % owners.size()];
+    leaving.leave();
+    leaving = queue_->enter(MakeTicket(0));
+  }
+  std::sort(owners.begin(), owners.end(),
+            [](const OwnTicket& a, const OwnTicket& b) { return a.ticket().seq < b.ticket().seq; });
+  const auto listing = queue_->list_index();
+  std::vector<std::uint64_t> expected;
+  for (const OwnTicket& own : owners) expected.push_back(own.ticket().seq);
+  EXPECT_EQ(ListedSeqs(listing), expected);
+  std::vector<std::string> ids, arrival;
+  for (const IndexEntry& e : listing.index) ids.push_back(e.id);
+  for (const OwnTicket& own : owners) arrival.push_back(own.ticket().id);
+  EXPECT_EQ(ids, arrival);
+  EXPECT_FALSE(
+      std::is_sorted(listing.index.begin(), listing.index.end(),
+                     [](const IndexEntry& a, const IndexEntry& b) { return a.slot < b.slot; }))
+      << "the churn left the table in arrival order: this test tests nothing";
+}
+
+TEST_F(QueueDirectoryTest, IndexListsByArrivalWhenSeqsAreFarApart) {
+  // An old waiter and one that arrived hundreds of registrations later, in an earlier slot.
+  OwnTicket first = queue_->enter(MakeTicket(0));
+  OwnTicket old = queue_->enter(MakeTicket(0));
+  first.leave();
+  OwnTicket late;
+  for (int round = 0; round < 400; ++round) {
+    late.leave();
+    late = queue_->enter(MakeTicket(0));
+  }
+  const auto listing = queue_->list_index();
+  EXPECT_EQ(ListedSeqs(listing), (std::vector<std::uint64_t>{old.ticket().seq, late.ticket().seq}));
+  ASSERT_EQ(listing.index.size(), 2u);
+  EXPECT_EQ(listing.index[0].slot, 1u);
+  EXPECT_EQ(listing.index[1].slot, 0u);
+}
+
+TEST_F(QueueDirectoryTest, IndexWithOneSeqTwiceListsBothByArrival) {
+  // A forged slot: a copy of a live waiter's slot elsewhere in the table, out of order.
+  std::vector<OwnTicket> owners;
+  for (int i = 0; i < 3; ++i) owners.push_back(queue_->enter(MakeTicket(0)));
+  owners[0].leave();
+  owners[0] = queue_->enter(MakeTicket(0));  // slot 0, the latest seq
+  {
+    UniqueFd index(::open((QueuePath() / "index").c_str(), O_RDWR | O_CLOEXEC));
+    ASSERT_TRUE(index);
+    char slot[64];
+    ASSERT_EQ(::pread(index.get(), slot, sizeof slot, 64 * 2), 64);   // slot 1
+    ASSERT_EQ(::pwrite(index.get(), slot, sizeof slot, 64 * 5), 64);  // as slot 4
+  }
+  const std::uint64_t twice = owners[1].ticket().seq;
+  EXPECT_EQ(
+      ListedSeqs(queue_->list_index()),
+      (std::vector<std::uint64_t>{twice, twice, owners[2].ticket().seq, owners[0].ticket().seq}));
 }
 
 TEST_F(QueueDirectoryTest, ListingSeesChangesBetweenCalls) {
