@@ -109,6 +109,37 @@ TEST_F(AcquireMutexTest, WithAPlantedFileInsteadOfTheFifoWaitersPoll) {
   EXPECT_EQ(st.st_size, 0) << "the planted file was written to";
 }
 
+// How many of this process's descriptors are open on the lock directory's wake FIFO.
+int DescriptorsOnTheWakeFifo(const fs::path& lock_dir) {
+  const fs::path fifo = fs::canonical(lock_dir) / ".acquire.wake";
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    if (fs::read_symlink(entry.path(), error) == fifo) ++count;
+  }
+  return count;
+}
+
+TEST_F(AcquireMutexTest, AFifoUnusableAtFirstIsUsedOnceItIsUsableAgain) {
+  // A planted file under the FIFO's name when the process first takes the mutex; then root
+  // removes it and the next user makes the FIFO. The process must not poll for good: it tries
+  // the FIFO again after about a second.
+  {
+    UniqueFd planted(::openat(dir_.fd(), ".acquire.wake", O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+    ASSERT_TRUE(planted.valid());
+  }
+  AcquireMutex late(dir_);
+  late.hold(Clock::now() + 10s).release();
+  ASSERT_EQ(DescriptorsOnTheWakeFifo(path_), 0);
+  ASSERT_EQ(::unlinkat(dir_.fd(), ".acquire.wake", 0), 0);
+  AcquireMutex maker(dir_);
+  maker.hold(Clock::now() + 10s).release();
+  ASSERT_EQ(DescriptorsOnTheWakeFifo(path_), 1) << "the next user did not make the FIFO";
+  std::this_thread::sleep_for(1200ms);  // past the retry interval
+  late.hold(Clock::now() + 10s).release();
+  EXPECT_EQ(DescriptorsOnTheWakeFifo(path_), 2) << "the FIFO was not tried again";
+}
+
 TEST_F(AcquireMutexTest, AWaiterGivesUpOnAHolderThatNeverLetsGo) {
   AcquireMutex holder(dir_);
   AcquireMutex waiter(dir_);
