@@ -132,6 +132,21 @@ TEST(TicketIdTest, TextLongerThanAnIdMakesAnEmptyIdThatMatchesNoTicket) {
   EXPECT_TRUE(cleared.empty());
 }
 
+TEST(TicketIdTest, ShorterTextKeepsItsLengthAndDiffersFromEveryOtherLength) {
+  const TicketId two("ab");
+  EXPECT_EQ(two.size(), 2u);
+  EXPECT_EQ(two.view(), "ab");
+  EXPECT_STREQ(two.c_str(), "ab");
+  EXPECT_FALSE(two == TicketId("abc"));
+  EXPECT_FALSE(TicketId("") == two);
+  EXPECT_TRUE(TicketId("").empty());
+  const TicketId copy = two;
+  EXPECT_EQ(copy, two);
+  EXPECT_EQ(copy.size(), 2u);
+  EXPECT_LT(two, TicketId("abc"));
+  EXPECT_LT(TicketId("0123"), TicketId(kId)) << "a prefix comes first";
+}
+
 TEST(TicketTest, RoundTripsEveryField) {
   const Ticket original = FullTicket();
   const std::string text = serialize_ticket(original);
