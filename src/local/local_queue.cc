@@ -178,7 +178,7 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
   for (std::size_t i = 0; i < queued.size(); ++i) {
     const IndexEntry& e = queued[i];
     if (i == 0 || e.uid != queued[i - 1].uid) facts = &facts_of(e.uid);
-    inputs.push_back(order_input(e, facts->limits.max_waiting, facts->last_served));
+    fill_order_input(inputs.emplace_back(), e, facts->limits.max_waiting, facts->last_served);
   }
   if (newcomer) inputs.emplace_back();
   // Ours is ordered by our own ticket, not by what the index says of it. A request that has

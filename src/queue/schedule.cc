@@ -159,7 +159,7 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   std::vector<OrderInput> inputs;
   inputs.reserve(requests.size());
   for (const PlanRequest& r : requests)
-    inputs.push_back(order_input(r, r.limits.max_waiting, r.user_last_served));
+    fill_order_input(inputs.emplace_back(), r, r.limits.max_waiting, r.user_last_served);
   return plan_queue_in_order(gpus, requests, order_queue(policy, gpus, inputs), distance, load);
 }
 
