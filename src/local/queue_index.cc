@@ -80,41 +80,53 @@ void write_exactly(int fd, const void* data, std::size_t size, off_t offset, con
                           e == ENOSPC ? " (the disk is full)" : ""));
 }
 
-// Puts `entries` in arrival order (by seq, then slot). Slots are taken first-free, so after a
+// Whether a stored slot is a waiter's: checked before anything is made of it. An empty slot, one
+// torn by a waiter clearing it right now, or garbage fails.
+bool is_valid(const RawSlot& raw) {
+  return raw.seq > 0 && raw.seq <= kMaxSeq && raw.pid > 0 && raw.needed >= 1 &&
+         raw.needed <= kMaxNeeded && raw.priority <= 1 && (raw.flags & ~3) == 0 &&
+         raw.shared_units <= kMaxSharedUnits && raw.shared_slots <= kMaxSharedUnits &&
+         raw.check == checksum(raw) && is_lease_id(std::string_view(raw.id, sizeof raw.id));
+}
+
+// A valid slot as the first pass finds it: what ordering needs, 16 bytes instead of an entry.
+struct Arrival {
+  std::uint64_t seq;
+  std::uint32_t record;  // its place in the file (the header is record 0)
+};
+
+// Puts `arrivals` in arrival order (by seq, then place). Slots are taken first-free, so after a
 // churn (waiters leaving from anywhere, newcomers filling their slots) the table is not in that
-// order: then each entry is placed by its seq, in linear time when the seqs are dense, as a live
-// queue's are (the arrivals since the oldest waiter). std::sort on the 88-byte entries cost a
-// plan behind a thousand such waiters more than reading them.
-void order_by_seq(std::vector<IndexEntry>& entries) {
-  const auto earlier = [](const IndexEntry& a, const IndexEntry& b) {
-    return a.seq != b.seq ? a.seq < b.seq : a.slot < b.slot;
+// order: then each is placed by its seq, in linear time when the seqs are dense, as a live
+// queue's are (the arrivals since the oldest waiter). A seq found twice (a forged slot) or seqs
+// far apart fall back to a sort.
+void order_by_seq(std::vector<Arrival>& arrivals) {
+  const auto earlier = [](const Arrival& a, const Arrival& b) {
+    return a.seq != b.seq ? a.seq < b.seq : a.record < b.record;
   };
-  if (std::is_sorted(entries.begin(), entries.end(), earlier)) return;
+  if (std::is_sorted(arrivals.begin(), arrivals.end(), earlier)) return;
   const auto [lowest, highest] = std::minmax_element(
-      entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.seq < b.seq; });
+      arrivals.begin(), arrivals.end(), [](const auto& a, const auto& b) { return a.seq < b.seq; });
   const std::uint64_t span = highest->seq - lowest->seq + 1;
-  if (span <= 4 * entries.size() + 64) {
-    // Each entry at its seq's place in [lowest, highest]; a seq twice (a forged slot) falls back.
-    constexpr std::uint32_t kNone = ~std::uint32_t{0};
+  if (span <= 4 * arrivals.size() + 64) {
+    // Each record at its seq's place in [lowest, highest] (0: none; records start at 1).
     thread_local std::vector<std::uint32_t> at;
-    at.assign(span, kNone);
+    at.assign(span, 0);
     const std::uint64_t base = lowest->seq;
     bool twice = false;
-    for (std::size_t n = 0; n < entries.size() && !twice; ++n) {
-      std::uint32_t& place = at[entries[n].seq - base];
-      twice = place != kNone;
-      place = static_cast<std::uint32_t>(n);
+    for (std::size_t n = 0; n < arrivals.size() && !twice; ++n) {
+      std::uint32_t& place = at[arrivals[n].seq - base];
+      twice = place != 0;
+      place = arrivals[n].record;
     }
     if (!twice) {
-      std::vector<IndexEntry> ordered;
-      ordered.reserve(entries.size());
-      for (const std::uint32_t n : at)
-        if (n != kNone) ordered.push_back(entries[n]);
-      entries.swap(ordered);
+      std::size_t n = 0;
+      for (std::uint64_t offset = 0; offset < span; ++offset)
+        if (at[offset] != 0) arrivals[n++] = Arrival{base + offset, at[offset]};
       return;
     }
   }
-  std::sort(entries.begin(), entries.end(), earlier);
+  std::sort(arrivals.begin(), arrivals.end(), earlier);
 }
 
 off_t slot_offset(std::uint32_t slot) {
@@ -128,80 +140,74 @@ QueueIndex::QueueIndex(const LockDirectory& dir) : fd_(dir.open_shared_file(kFil
 QueueIndex::Contents QueueIndex::read() const {
   Contents contents;
   // Reused, and never cleared: only the `got` bytes just read are looked at. (Zeroing 64 KiB
-  // for every read of a nearly empty index was a tenth of an uncontended acquire.)
-  thread_local std::unique_ptr<char[]> buffer;
-  thread_local std::size_t capacity = 0;
+  // for every read of a nearly empty index was a tenth of an uncontended acquire.) Records, so
+  // that slots are read where they lie: a slot copied aside and read back in other widths than
+  // it was copied in stalls the CPU at every field.
+  thread_local std::unique_ptr<RawSlot[]> buffer;
+  thread_local std::size_t capacity = 0;  // in records
   if (!buffer) {
-    capacity = 64 * 1024;
-    buffer.reset(new char[capacity]);
+    capacity = 1024;
+    buffer.reset(new RawSlot[capacity]);
   }
-  std::size_t got = 0;
+  std::size_t got = 0;  // bytes
   while (true) {
-    const ssize_t n =
-        ::pread(fd_.get(), buffer.get() + got, capacity - got, static_cast<off_t>(got));
+    char* const bytes = reinterpret_cast<char*>(buffer.get());
+    const std::size_t size = capacity * kRecordSize;
+    const ssize_t n = ::pread(fd_.get(), bytes + got, size - got, static_cast<off_t>(got));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0)
       throw Error(ErrorCode::kEnvironment, errno_message("cannot read the queue's index", errno));
     if (n == 0) break;
     got += static_cast<std::size_t>(n);
-    if (got == capacity) {
-      if (capacity >= (std::size_t{kMaxSlots} + 1) * kRecordSize) break;
-      std::unique_ptr<char[]> larger(new char[capacity * 2]);
+    if (got == size) {
+      if (capacity >= std::size_t{kMaxSlots} + 1) break;
+      std::unique_ptr<RawSlot[]> larger(new RawSlot[capacity * 2]);
       std::memcpy(larger.get(), buffer.get(), got);
       buffer = std::move(larger);
       capacity *= 2;
     }
   }
-  const char* const bytes = buffer.get();
   const std::size_t records = got / kRecordSize;
-  std::uint64_t highest = 0;
-  bool found_free = false;
   if (records > 0) {
     RawHeader header;
-    std::memcpy(&header, bytes, sizeof header);
+    std::memcpy(&header, buffer.get(), sizeof header);
     if (std::memcmp(header.magic, kMagic, sizeof kMagic) == 0 && header.format == kFormat &&
         header.record_size == kRecordSize && header.next_seq <= kMaxSeq)
       contents.next_seq = std::max<std::uint64_t>(header.next_seq, 1);
   }
-  contents.entries.reserve(records > 0 ? records - 1 : 0);
+  // First every slot is checked and the valid ones noted with their seqs; then they are put in
+  // arrival order; then each is decoded once, straight into its place. (Entries built one by one
+  // and then moved into order cost a plan behind a thousand waiters more than the reading.)
+  thread_local std::vector<Arrival> arrivals;
+  arrivals.clear();
+  std::uint64_t highest = 0;
+  bool found_free = false;
   for (std::size_t r = 1; r < records; ++r) {
-    RawSlot raw;
-    std::memcpy(&raw, bytes + r * kRecordSize, sizeof raw);
-    const auto slot = static_cast<std::uint32_t>(r - 1);
-    // Checked before anything is made of it.
-    const bool valid = raw.seq > 0 && raw.seq <= kMaxSeq && raw.pid > 0 && raw.needed >= 1 &&
-                       raw.needed <= kMaxNeeded && raw.priority <= 1 && (raw.flags & ~3) == 0 &&
-                       raw.shared_units <= kMaxSharedUnits && raw.shared_slots <= kMaxSharedUnits &&
-                       raw.check == checksum(raw) &&
-                       is_lease_id(std::string_view(raw.id, sizeof raw.id));
-    if (!valid) {
-      // Empty, torn by a waiter clearing it right now, or garbage: free for the next add().
-      if (!found_free) contents.first_free = slot;
+    const RawSlot& raw = buffer[r];
+    if (!is_valid(raw)) {
+      // Free for the next add().
+      if (!found_free) contents.first_free = static_cast<std::uint32_t>(r - 1);
       found_free = true;
       continue;
     }
-    // Every member given, so that the entry is not zeroed first (a `rep stos` per waiter).
-    contents.entries.push_back(IndexEntry{
-        .slot = slot,
-        .seq = raw.seq,
-        .id = TicketId(std::string_view(raw.id, sizeof raw.id)),
-        .uid = raw.uid,
-        .pid = raw.pid,
-        .pid_start = raw.pid_start,
-        .priority = raw.priority == 1 ? Priority::kLow : Priority::kNormal,
-        .needed = raw.needed,
-        .named_gpus = (raw.flags & kNamedGpus) != 0,
-        .entered_over_limit = (raw.flags & kOverLimit) != 0,
-        .shared_units = raw.shared_units,
-        .shared_slots = raw.shared_slots,
-        .stored_hint = raw.hint,
-    });
+    arrivals.push_back(Arrival{raw.seq, static_cast<std::uint32_t>(r)});
     highest = std::max(highest, raw.seq);
   }
   if (!found_free) contents.first_free = static_cast<std::uint32_t>(records > 0 ? records - 1 : 0);
   // Never behind a seq in use, whatever the header says.
   contents.next_seq = std::max(contents.next_seq, highest + 1);
-  order_by_seq(contents.entries);
+  order_by_seq(arrivals);
+  contents.entries.reserve(arrivals.size());
+  for (const Arrival& arrival : arrivals) {
+    const RawSlot& raw = buffer[arrival.record];
+    // Built in place with every member given: neither zeroed first (a `rep stos` per entry)
+    // nor built aside and copied.
+    contents.entries.emplace_back(
+        arrival.record - 1, raw.seq, TicketId(std::string_view(raw.id, sizeof raw.id)), raw.uid,
+        raw.pid, raw.pid_start, raw.priority == 1 ? Priority::kLow : Priority::kNormal,
+        unsigned{raw.needed}, (raw.flags & kNamedGpus) != 0, (raw.flags & kOverLimit) != 0,
+        std::uint32_t{raw.shared_units}, std::uint32_t{raw.shared_slots}, raw.hint);
+  }
   return contents;
 }
 

@@ -410,6 +410,57 @@ TEST_F(QueueDirectoryTest, IndexListsByArrivalWhenSeqsAreFarApart) {
   EXPECT_EQ(listing.index[1].slot, 0u);
 }
 
+TEST_F(QueueDirectoryTest, IndexLargerThanOneReadListsEverySlotWithItsFields) {
+  // More slots than the first read's buffer holds (1,023 after the header), written straight
+  // into the index, each with its own fields; then one emptied in the middle and refilled by a
+  // later arrival, so that the table is out of arrival order across the buffer's first end.
+  QueueIndex index(LockDirectory::open(QueuePath()));
+  constexpr unsigned kSlots = 1100;
+  for (unsigned i = 0; i < kSlots; ++i) {
+    IndexEntry entry;
+    entry.id = make_lease_id();
+    entry.uid = 1000 + i % 3;
+    entry.pid = static_cast<pid_t>(100 + i);
+    entry.pid_start = 7 * i;
+    entry.needed = 1 + i % 5;
+    entry.priority = i % 4 == 0 ? Priority::kLow : Priority::kNormal;
+    entry.named_gpus = i % 2 == 0;
+    entry.shared_units = i % 6;
+    index.add(entry, index.read());
+  }
+  QueueIndex::Contents before = index.read();
+  ASSERT_EQ(before.entries.size(), kSlots);
+  const IndexEntry moved = before.entries[1050];
+  index.remove(moved.slot, moved.seq);
+  EXPECT_EQ(index.read().first_free, moved.slot);
+  IndexEntry latest = moved;
+  latest.id = make_lease_id();
+  latest = index.add(latest, index.read());
+  ASSERT_EQ(latest.slot, moved.slot);
+
+  const QueueIndex::Contents after = index.read();
+  ASSERT_EQ(after.entries.size(), kSlots);
+  EXPECT_EQ(after.first_free, kSlots);
+  for (unsigned n = 0; n + 1 < kSlots; ++n) {
+    const IndexEntry& e = after.entries[n];
+    const unsigned i = n < 1050 ? n : n + 1;  // the entry written i-th
+    ASSERT_EQ(e.seq, before.entries[i].seq) << n;
+    EXPECT_EQ(e.slot, i);
+    EXPECT_EQ(e.id, before.entries[i].id);
+    EXPECT_EQ(e.uid, 1000 + i % 3);
+    EXPECT_EQ(e.pid, static_cast<pid_t>(100 + i));
+    EXPECT_EQ(e.pid_start, 7u * i);
+    EXPECT_EQ(e.needed, 1 + i % 5);
+    EXPECT_EQ(e.priority, i % 4 == 0 ? Priority::kLow : Priority::kNormal);
+    EXPECT_EQ(e.named_gpus, i % 2 == 0);
+    EXPECT_EQ(e.shared_units, i % 6);
+  }
+  EXPECT_EQ(after.entries.back().seq, latest.seq);
+  EXPECT_EQ(after.entries.back().slot, moved.slot);
+  EXPECT_EQ(after.entries.back().id, latest.id);
+  EXPECT_EQ(after.next_seq, latest.seq + 1);
+}
+
 TEST_F(QueueDirectoryTest, IndexWithOneSeqTwiceListsBothByArrival) {
   // A forged slot: a copy of a live waiter's slot elsewhere in the table, out of order.
   std::vector<OwnTicket> owners;
