@@ -185,6 +185,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   bool backup_dispatcher = false;  // a dispatcher other than the oldest waiter
   bool recheck_cheaply = false;
   bool promoted = false;         // told it is a dispatcher now, with nothing else to plan for
+  bool made_oldest = false;      // ... and the oldest waiter (the one before it was served)
   bool shared_in_queue = false;  // the last plan had shared requests (a GPU in use may have room)
 
   while (true) {
@@ -223,7 +224,13 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         if (QueueDirectory* queue = queue_dir(false)) channel->watch_departures(queue->fd(), true);
       }
       recheck_cheaply = true;
+      // The oldest now: no longer a backup that lets releases wait kBackupDelay.
+      if (made_oldest) {
+        backup_dispatcher = false;
+        oldest = true;
+      }
     }
+    made_oldest = false;
     promoted = false;
     // (A GPU in shared use may still have room: with shared requests waiting, always plan.)
     const bool skip_plan = recheck_cheaply && planned && ticket && !waiting_limits &&
@@ -365,9 +372,15 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
             // (and re-wires when our process ends), others must be told.
             std::size_t k = 0;
             while (k < live.size() && live[k].id != wanted.id) ++k;
-            if (k >= kDispatchers)
+            if (k >= kDispatchers) {
               if (auto next = QueueDirectory::successor(ticket.ticket().seq, listing))
                 wakes.add(std::move(*next));
+            } else if (k == 0 && live.size() > 1) {
+              // The oldest waiter leaves: the next one takes its part at once. Until it plans
+              // it is a backup, which acts on a release only after kBackupDelay, and with
+              // several GPUs the releases meanwhile waited that long (the 4-GPU drain's tail).
+              wakes.add(live[1].id, WakeReason::kOldest);
+            }
           }
           ticket.leave();
           note_served(uid);
@@ -528,17 +541,19 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       event |= !woke.timed_out() && !woke.promoted;
       must_plan |= woke.woken || woke.watched_ended;
       promoted |= woke.promoted;
-      if (!woke.timed_out() && backup_dispatcher && !must_plan) {
+      made_oldest |= woke.made_oldest;
+      if (!woke.timed_out() && backup_dispatcher && !made_oldest && !must_plan) {
         // The oldest waiter normally handles this at once; the others are its backups (for
         // when it is stopped) and give it, and the waiter it serves, the mutex first.
         // The whole delay, not until the next event: in a busy queue events come every few
         // milliseconds, and the backups would plan at each.
         const auto until = Clock::now() + kBackupDelay;
-        for (auto left = kBackupDelay; !must_plan && left.count() > 0;
+        for (auto left = kBackupDelay; !must_plan && !made_oldest && left.count() > 0;
              left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now())) {
           const WaitChannel::Wakeup later = channel->wait(ticket.wake_fd(), left);
           must_plan |= later.woken || later.watched_ended;
           promoted |= later.promoted;
+          made_oldest |= later.made_oldest;
         }
       }
       // The waiter this one watches ended (the pidfd fired, and the channel stopped watching).

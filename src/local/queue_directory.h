@@ -33,6 +33,9 @@ namespace gpulock {
 enum class WakeReason : char {
   kPlan = 1,        // plan the queue again (it may be served)
   kDispatcher = 2,  // it is one of the three oldest now: follow releases (no plan needed)
+  // It is the oldest waiter now (the oldest was served): act on releases at once, not after
+  // the backups' delay. Versions before this reason plan on it, as on any byte but 2.
+  kOldest = 3,
 };
 
 // This process's registration in the queue. Destroying it leaves the queue (the files go).

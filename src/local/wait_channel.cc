@@ -21,7 +21,8 @@ namespace {
 constexpr std::chrono::milliseconds kPollInterval{100};
 
 // Empties the wake FIFO, noting what its bytes asked: byte 2 only says "you are a dispatcher
-// now" (QueueDirectory's WakeReason); any other byte asks for a plan.
+// now", byte 3 "you are the oldest waiter now" (QueueDirectory's WakeReason); any other byte
+// asks for a plan.
 void drain_wakeups(int fd, WaitChannel::Wakeup& woke) {
   char buffer[256];
   ssize_t n = 0;
@@ -29,6 +30,8 @@ void drain_wakeups(int fd, WaitChannel::Wakeup& woke) {
     for (ssize_t i = 0; i < n; ++i) {
       if (buffer[i] == 2) {
         woke.promoted = true;
+      } else if (buffer[i] == 3) {
+        woke.promoted = woke.made_oldest = true;
       } else {
         woke.woken = true;
       }

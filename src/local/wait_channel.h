@@ -54,6 +54,7 @@ class WaitChannel {
     bool queue_change = false;   // the watched waiter ended, a waiter left, or someone woke us
     bool woken = false;          // someone woke us through the wake FIFO to plan again
     bool promoted = false;       // ... or only to say we are a dispatcher now (byte 2)
+    bool made_oldest = false;    // ... or the oldest waiter now (byte 3; promoted too)
     bool watched_ended = false;  // the watched waiter's process ended
     bool timed_out() const { return !release && !queue_change; }
   };

@@ -174,6 +174,31 @@ TEST_F(LocalPlanHeadTest, AHeldBackWaiterBehindTheHeadIsWokenOnceThereIsRoom) {
   EXPECT_TRUE(Woken(waiters_.back(), 1000));
 }
 
+// The oldest waiter, served, tells the next one that it is the oldest now, so that it acts on
+// releases at once instead of after the backup dispatchers' delay. (Before, with several GPUs,
+// releases in the moment between the two waited that long.)
+TEST_F(LocalPlanHeadTest, TheOldestWaiterServedTellsTheNextThatItIsTheOldestNow) {
+  GpuPool pool(make_simulated_source(1), Options());
+  Lease holder = pool.acquire(Count(1));
+  GpuPool oldest_pool(make_simulated_source(1), Options());
+  BackgroundAcquire oldest(oldest_pool, Waiting(Count(1)));
+  oldest.WaitUntilWaiting();
+  Wait({SimUuid(0)}, false);
+  holder.release();
+  std::optional<Lease>& got = oldest.Finish();
+  ASSERT_TRUE(got) << Describe(oldest.failure());
+  std::string bytes;
+  while (Woken(waiters_.back(), bytes.empty() ? 10000 : 0)) {
+    char buffer[64];
+    const ssize_t n = ::read(waiters_.back().wake_fd(), buffer, sizeof buffer);
+    if (n <= 0) break;
+    bytes.append(buffer, static_cast<std::size_t>(n));
+  }
+  EXPECT_NE(bytes.find(static_cast<char>(WakeReason::kOldest)), std::string::npos)
+      << bytes.size() << " wake bytes, none saying so";
+  got->release();
+}
+
 // The position a waiter is told counts the whole queue, not the head that was planned.
 TEST_F(LocalPlanHeadTest, PositionCountsTheWholeQueue) {
   GpuPool pool(make_simulated_source(1), Options());

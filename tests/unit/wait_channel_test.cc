@@ -342,6 +342,24 @@ TEST_F(WaitChannelTest, AByteOnAnyWakeDescriptorWakes) {
   EXPECT_TRUE(channel_.wait(read_end.get(), kLong).queue_change);
 }
 
+TEST_F(WaitChannelTest, EachWakeReasonIsReportedAsItsOwn) {
+  OwnTicket mine = queue_->enter(MakeTicket(1));
+  const auto woken_by = [&](WakeReason reason) {
+    queue_->wake(mine.ticket().id, reason);
+    return channel_.wait(mine.wake_fd(), kLong);
+  };
+  const WaitChannel::Wakeup plan = woken_by(WakeReason::kPlan);
+  EXPECT_TRUE(plan.woken);
+  EXPECT_FALSE(plan.promoted || plan.made_oldest);
+  const WaitChannel::Wakeup dispatcher = woken_by(WakeReason::kDispatcher);
+  EXPECT_TRUE(dispatcher.promoted);
+  EXPECT_FALSE(dispatcher.woken || dispatcher.made_oldest);
+  const WaitChannel::Wakeup oldest = woken_by(WakeReason::kOldest);
+  EXPECT_TRUE(oldest.promoted && oldest.made_oldest) << "the oldest is a dispatcher too";
+  EXPECT_FALSE(oldest.woken) << "no plan is asked for";
+  EXPECT_TRUE(oldest.queue_change);
+}
+
 TEST_F(WaitChannelTest, AnotherWaitersWakeDoesNotWake) {
   OwnTicket mine = queue_->enter(MakeTicket(1));
   OwnTicket other = queue_->enter(MakeTicket(2));
