@@ -18,18 +18,9 @@
 #include "util/random_id.h"
 
 namespace gpulock {
-namespace {
-
-constexpr std::size_t kRecordSize = 64;
-constexpr char kMagic[8] = {'G', 'P', 'U', 'L', 'O', 'C', 'K', 'Q'};
-constexpr std::uint32_t kFormat = 1;
-// Above this a seq is not believed (a forged one must not make later arrivals wrap to 0).
-constexpr std::uint64_t kMaxSeq = std::uint64_t{1} << 62;
-constexpr unsigned kMaxNeeded = 1024;
-constexpr std::uint32_t kMaxSlots = 1u << 20;
 
 // One slot as stored. Native byte order: the file never leaves the machine.
-struct RawSlot {
+struct StoredIndexSlot {
   std::uint64_t seq;
   char id[16];
   std::uint32_t uid;
@@ -44,6 +35,18 @@ struct RawSlot {
   std::array<std::uint8_t, UsabilityHint::kStoredSize> hint;
   std::uint64_t check;
 };
+
+namespace {
+
+using RawSlot = StoredIndexSlot;
+constexpr std::size_t kRecordSize = 64;
+constexpr char kMagic[8] = {'G', 'P', 'U', 'L', 'O', 'C', 'K', 'Q'};
+constexpr std::uint32_t kFormat = 1;
+// Above this a seq is not believed (a forged one must not make later arrivals wrap to 0).
+constexpr std::uint64_t kMaxSeq = std::uint64_t{1} << 62;
+constexpr unsigned kMaxNeeded = 1024;
+constexpr std::uint32_t kMaxSlots = 1u << 20;
+
 static_assert(sizeof(RawSlot) == kRecordSize);
 
 struct RawHeader {
@@ -135,6 +138,21 @@ off_t slot_offset(std::uint32_t slot) {
 
 }  // namespace
 
+IndexEntry::IndexEntry(const StoredIndexSlot& raw, std::uint32_t slot_number)
+    : slot(slot_number),
+      seq(raw.seq),
+      id(std::string_view(raw.id, sizeof raw.id)),
+      uid(raw.uid),
+      pid(raw.pid),
+      pid_start(raw.pid_start),
+      priority(raw.priority == 1 ? Priority::kLow : Priority::kNormal),
+      needed(raw.needed),
+      named_gpus((raw.flags & kNamedGpus) != 0),
+      entered_over_limit((raw.flags & kOverLimit) != 0),
+      shared_units(raw.shared_units),
+      shared_slots(raw.shared_slots),
+      stored_hint(raw.hint) {}
+
 QueueIndex::QueueIndex(const LockDirectory& dir) : fd_(dir.open_shared_file(kFileName)) {}
 
 QueueIndex::Contents QueueIndex::read() const {
@@ -199,14 +217,9 @@ QueueIndex::Contents QueueIndex::read() const {
   order_by_seq(arrivals);
   contents.entries.reserve(arrivals.size());
   for (const Arrival& arrival : arrivals) {
-    const RawSlot& raw = buffer[arrival.record];
-    // Built in place with every member given: neither zeroed first (a `rep stos` per entry)
-    // nor built aside and copied.
-    contents.entries.emplace_back(
-        arrival.record - 1, raw.seq, TicketId(std::string_view(raw.id, sizeof raw.id)), raw.uid,
-        raw.pid, raw.pid_start, raw.priority == 1 ? Priority::kLow : Priority::kNormal,
-        unsigned{raw.needed}, (raw.flags & kNamedGpus) != 0, (raw.flags & kOverLimit) != 0,
-        std::uint32_t{raw.shared_units}, std::uint32_t{raw.shared_slots}, raw.hint);
+    // Decoded in place: neither zeroed first (a `rep stos` per entry) nor built aside and
+    // copied.
+    contents.entries.emplace_back(buffer[arrival.record], arrival.record - 1);
   }
   return contents;
 }

@@ -30,8 +30,13 @@
 namespace gpulock {
 
 class LockDirectory;
+struct StoredIndexSlot;
 
 struct IndexEntry {
+  IndexEntry() = default;
+  // A slot as the index stores it, checked by the reader, at place `slot_number`.
+  IndexEntry(const StoredIndexSlot& raw, std::uint32_t slot_number);
+
   std::uint32_t slot = 0;
   std::uint64_t seq = 0;  // arrival order, > 0
   TicketId id;            // the ticket's id (16 hex digits)
