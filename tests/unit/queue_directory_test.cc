@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -414,7 +415,14 @@ TEST_F(QueueDirectoryTest, IndexLargerThanOneReadListsEverySlotWithItsFields) {
   // More slots than the first read's buffer holds (1,023 after the header), written straight
   // into the index, each with its own fields; then one emptied in the middle and refilled by a
   // later arrival, so that the table is out of arrival order across the buffer's first end.
+  // The reads checked field by field are made on threads of their own, whose buffers start at
+  // the first size and grow during that very read.
   QueueIndex index(LockDirectory::open(QueuePath()));
+  const auto read_afresh = [&index] {
+    QueueIndex::Contents contents;
+    std::thread([&] { contents = index.read(); }).join();
+    return contents;
+  };
   constexpr unsigned kSlots = 1100;
   for (unsigned i = 0; i < kSlots; ++i) {
     IndexEntry entry;
@@ -426,9 +434,13 @@ TEST_F(QueueDirectoryTest, IndexLargerThanOneReadListsEverySlotWithItsFields) {
     entry.priority = i % 4 == 0 ? Priority::kLow : Priority::kNormal;
     entry.named_gpus = i % 2 == 0;
     entry.shared_units = i % 6;
+    entry.shared_slots = i % 7;
+    entry.entered_over_limit = i % 3 == 1;
+    entry.stored_hint = {
+        static_cast<std::uint8_t>(i), static_cast<std::uint8_t>(i >> 8), 1, 2, 3, 4};
     index.add(entry, index.read());
   }
-  QueueIndex::Contents before = index.read();
+  QueueIndex::Contents before = read_afresh();
   ASSERT_EQ(before.entries.size(), kSlots);
   const IndexEntry moved = before.entries[1050];
   index.remove(moved.slot, moved.seq);
@@ -438,7 +450,7 @@ TEST_F(QueueDirectoryTest, IndexLargerThanOneReadListsEverySlotWithItsFields) {
   latest = index.add(latest, index.read());
   ASSERT_EQ(latest.slot, moved.slot);
 
-  const QueueIndex::Contents after = index.read();
+  const QueueIndex::Contents after = read_afresh();
   ASSERT_EQ(after.entries.size(), kSlots);
   EXPECT_EQ(after.first_free, kSlots);
   for (unsigned n = 0; n + 1 < kSlots; ++n) {
@@ -454,6 +466,11 @@ TEST_F(QueueDirectoryTest, IndexLargerThanOneReadListsEverySlotWithItsFields) {
     EXPECT_EQ(e.priority, i % 4 == 0 ? Priority::kLow : Priority::kNormal);
     EXPECT_EQ(e.named_gpus, i % 2 == 0);
     EXPECT_EQ(e.shared_units, i % 6);
+    EXPECT_EQ(e.shared_slots, i % 7);
+    EXPECT_EQ(e.entered_over_limit, i % 3 == 1);
+    EXPECT_EQ(e.stored_hint,
+              (std::array<std::uint8_t, UsabilityHint::kStoredSize>{
+                  static_cast<std::uint8_t>(i), static_cast<std::uint8_t>(i >> 8), 1, 2, 3, 4}));
   }
   EXPECT_EQ(after.entries.back().seq, latest.seq);
   EXPECT_EQ(after.entries.back().slot, moved.slot);
