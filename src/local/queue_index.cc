@@ -198,7 +198,6 @@ QueueIndex::Contents QueueIndex::read() const {
   // and then moved into order cost a plan behind a thousand waiters more than the reading.)
   thread_local std::vector<Arrival> arrivals;
   arrivals.clear();
-  std::uint64_t highest = 0;
   bool found_free = false;
   for (std::size_t r = 1; r < records; ++r) {
     const RawSlot& raw = buffer[r];
@@ -209,12 +208,11 @@ QueueIndex::Contents QueueIndex::read() const {
       continue;
     }
     arrivals.push_back(Arrival{raw.seq, static_cast<std::uint32_t>(r)});
-    highest = std::max(highest, raw.seq);
   }
   if (!found_free) contents.first_free = static_cast<std::uint32_t>(records > 0 ? records - 1 : 0);
-  // Never behind a seq in use, whatever the header says.
-  contents.next_seq = std::max(contents.next_seq, highest + 1);
   order_by_seq(arrivals);
+  // Never behind a seq in use, whatever the header says.
+  if (!arrivals.empty()) contents.next_seq = std::max(contents.next_seq, arrivals.back().seq + 1);
   contents.entries.reserve(arrivals.size());
   for (const Arrival& arrival : arrivals) {
     // Decoded in place: neither zeroed first (a `rep stos` per entry) nor built aside and
