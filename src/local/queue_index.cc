@@ -38,7 +38,6 @@ struct StoredIndexSlot {
 
 namespace {
 
-using RawSlot = StoredIndexSlot;
 constexpr std::size_t kRecordSize = 64;
 constexpr char kMagic[8] = {'G', 'P', 'U', 'L', 'O', 'C', 'K', 'Q'};
 constexpr std::uint32_t kFormat = 1;
@@ -47,7 +46,7 @@ constexpr std::uint64_t kMaxSeq = std::uint64_t{1} << 62;
 constexpr unsigned kMaxNeeded = 1024;
 constexpr std::uint32_t kMaxSlots = 1u << 20;
 
-static_assert(sizeof(RawSlot) == kRecordSize);
+static_assert(sizeof(StoredIndexSlot) == kRecordSize);
 
 struct RawHeader {
   char magic[8];
@@ -62,8 +61,8 @@ constexpr std::uint8_t kNamedGpus = 1;
 constexpr std::uint8_t kOverLimit = 2;
 
 // A 64-bit mix of every word before the checksum, so that a torn or half-forged slot fails it.
-std::uint64_t checksum(const RawSlot& slot) {
-  std::uint64_t words[offsetof(RawSlot, check) / 8];
+std::uint64_t checksum(const StoredIndexSlot& slot) {
+  std::uint64_t words[offsetof(StoredIndexSlot, check) / 8];
   std::memcpy(words, &slot, sizeof words);
   std::uint64_t h = 0x9e3779b97f4a7c15ull;
   for (const std::uint64_t w : words) {
@@ -85,7 +84,7 @@ void write_exactly(int fd, const void* data, std::size_t size, off_t offset, con
 
 // Whether a stored slot is a waiter's: checked before anything is made of it. An empty slot, one
 // torn by a waiter clearing it right now, or garbage fails.
-bool is_valid(const RawSlot& raw) {
+bool is_valid(const StoredIndexSlot& raw) {
   return raw.seq > 0 && raw.seq <= kMaxSeq && raw.pid > 0 && raw.needed >= 1 &&
          raw.needed <= kMaxNeeded && raw.priority <= 1 && (raw.flags & ~3) == 0 &&
          raw.shared_units <= kMaxSharedUnits && raw.shared_slots <= kMaxSharedUnits &&
@@ -161,11 +160,11 @@ QueueIndex::Contents QueueIndex::read() const {
   // for every read of a nearly empty index was a tenth of an uncontended acquire.) Records, so
   // that slots are read where they lie: a slot copied aside and read back in other widths than
   // it was copied in stalls the CPU at every field.
-  thread_local std::unique_ptr<RawSlot[]> buffer;
+  thread_local std::unique_ptr<StoredIndexSlot[]> buffer;
   thread_local std::size_t capacity = 0;  // in records
   if (!buffer) {
     capacity = 1024;
-    buffer.reset(new RawSlot[capacity]);
+    buffer.reset(new StoredIndexSlot[capacity]);
   }
   std::size_t got = 0;  // bytes
   while (true) {
@@ -179,7 +178,7 @@ QueueIndex::Contents QueueIndex::read() const {
     got += static_cast<std::size_t>(n);
     if (got == size) {
       if (capacity >= std::size_t{kMaxSlots} + 1) break;
-      std::unique_ptr<RawSlot[]> larger(new RawSlot[capacity * 2]);
+      std::unique_ptr<StoredIndexSlot[]> larger(new StoredIndexSlot[capacity * 2]);
       std::memcpy(larger.get(), buffer.get(), got);
       buffer = std::move(larger);
       capacity *= 2;
@@ -200,7 +199,7 @@ QueueIndex::Contents QueueIndex::read() const {
   arrivals.clear();
   bool found_free = false;
   for (std::size_t r = 1; r < records; ++r) {
-    const RawSlot& raw = buffer[r];
+    const StoredIndexSlot& raw = buffer[r];
     if (!is_valid(raw)) {
       // Free for the next add().
       if (!found_free) contents.first_free = static_cast<std::uint32_t>(r - 1);
@@ -229,7 +228,7 @@ IndexEntry QueueIndex::add(IndexEntry entry, const Contents& contents) {
                 "init` clears the slots of waiters that ended");
   entry.slot = contents.first_free;
   entry.seq = contents.next_seq;
-  RawSlot raw{};
+  StoredIndexSlot raw{};
   raw.seq = entry.seq;
   std::memcpy(raw.id, entry.id.c_str(), std::min(entry.id.size(), sizeof raw.id));
   raw.uid = entry.uid;
@@ -254,10 +253,10 @@ IndexEntry QueueIndex::add(IndexEntry entry, const Contents& contents) {
 }
 
 void QueueIndex::remove(std::uint32_t slot, std::uint64_t seq) const {
-  RawSlot raw{};
+  StoredIndexSlot raw{};
   if (::pread(fd_.get(), &raw, sizeof raw, slot_offset(slot)) != sizeof raw || raw.seq != seq)
     return;
-  const RawSlot empty{};
+  const StoredIndexSlot empty{};
   // Best effort: a slot left behind belongs to a ticket that is no longer live, and the next
   // planner that reaches it clears it.
   [[maybe_unused]] const ssize_t n = ::pwrite(fd_.get(), &empty, sizeof empty, slot_offset(slot));
