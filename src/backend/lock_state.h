@@ -24,6 +24,9 @@ struct LockState {
   std::vector<HolderRecord> shared_records;  // with `with_record`: the readable ones
   std::optional<HolderRecord> record;  // only when locked and the record is readable and valid
   std::string error;                   // the GPU's lock is unusable (planted symlink, garbage key)
+  // When the GPU's last lease began (or last wrote its record), in ns since the epoch, where the
+  // backend knows: 0 for never or unknown. The queue gives the free GPU leased longest ago first.
+  std::int64_t last_leased_ns = 0;
 };
 
 }  // namespace gpulock

@@ -4,6 +4,7 @@
 
 #include "local/fork_guard.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -117,8 +118,13 @@ QueueDirectory::Listing LocalBackend::list_queue_index() {
 LockState LocalBackend::probe(const std::string& uuid, bool with_record) const {
   LockState result;
   try {
-    UniqueFd fd = dir_.open_lock_file_for_reading(uuid);
+    struct stat opened {};
+    UniqueFd fd = dir_.open_lock_file_for_reading(uuid, &opened);
     if (!fd) return result;  // no lock file: nobody has ever locked this GPU
+    // Every lease writes its record into the file as it begins: the mtime says when the last
+    // one did (to the kernel's clock tick, a few ms at most).
+    result.last_leased_ns =
+        static_cast<std::int64_t>(opened.st_mtim.tv_sec) * 1000000000 + opened.st_mtim.tv_nsec;
     result.locked = is_locked_elsewhere(fd.get());
     if (result.locked && held_mode(fd.get()) == LockMode::kShared) {
       // Shared leases: the record at offset 0 is an earlier exclusive lease's, not believed.

@@ -65,6 +65,7 @@ void LocalBackend::plan_gpus(const std::vector<Device>& devices, bool any_shared
       }
     }
     if (p.record) gpu.holder_uid = p.record->uid;
+    gpu.last_leased_ns = p.last_leased_ns;
     if (d.memory_total_bytes && *d.memory_total_bytes > 0)
       for (const auto& record : p.shared_records)
         gpu.shared_by.emplace_back(

@@ -260,8 +260,9 @@ UniqueFd LockDirectory::open_lock_file(const std::string& uuid, struct stat* ope
   return open_file(lock_file_name(uuid), true, opened);
 }
 
-UniqueFd LockDirectory::open_lock_file_for_reading(const std::string& uuid) const {
-  return open_file(lock_file_name(uuid), false);
+UniqueFd LockDirectory::open_lock_file_for_reading(const std::string& uuid,
+                                                   struct stat* opened) const {
+  return open_file(lock_file_name(uuid), false, opened);
 }
 
 void LockDirectory::prepare(const std::vector<std::string>& uuids) const {

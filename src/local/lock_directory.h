@@ -43,8 +43,9 @@ class LockDirectory {
 
   // The lock file of a GPU opened read-only, to inspect it without disturbing anyone.
   // An invalid fd means the file does not exist (so nobody holds that GPU). Throws like
-  // open_lock_file for a file that is not a plain regular file.
-  UniqueFd open_lock_file_for_reading(const std::string& uuid) const;
+  // open_lock_file for a file that is not a plain regular file. `opened`, when given, receives
+  // the file's fstat as checked here.
+  UniqueFd open_lock_file_for_reading(const std::string& uuid, struct stat* opened = nullptr) const;
 
   // The number of hard links of the file under the GPU's lock-file name if that is still the
   // file `opened` describes (open_lock_file's fstat), else nullopt. A lock taken on a file that

@@ -28,6 +28,28 @@ std::uint32_t shared_units_on(std::uint32_t shared_units, std::uint32_t shared_s
   return std::max<std::uint32_t>(1, total_units / shared_slots);
 }
 
+// Which of `usable` (free GPUs in candidate order) an exclusive "any N" request takes, as
+// positions into it, ascending: choose_gpus over them put in the order their last leases began,
+// oldest first (`last_leased`, by position; ties keep candidate order).
+std::optional<std::vector<std::size_t>> choose_leased_longest_ago(
+    const std::vector<std::string>& usable, const std::vector<std::int64_t>& last_leased,
+    std::size_t needed, const DistanceFunction& distance) {
+  std::vector<std::size_t> by_age(usable.size());
+  std::iota(by_age.begin(), by_age.end(), 0);
+  std::stable_sort(by_age.begin(), by_age.end(),
+                   [&](std::size_t a, std::size_t b) { return last_leased[a] < last_leased[b]; });
+  // A permutation is sorted only when it is the identity: candidate order already.
+  if (std::is_sorted(by_age.begin(), by_age.end())) return choose_gpus(usable, needed, distance);
+  std::vector<std::string> oldest_first;
+  oldest_first.reserve(usable.size());
+  for (const std::size_t position : by_age) oldest_first.push_back(usable[position]);
+  auto chosen = choose_gpus(oldest_first, needed, distance);
+  if (!chosen) return chosen;
+  for (std::size_t& position : *chosen) position = by_age[position];
+  std::sort(chosen->begin(), chosen->end());
+  return chosen;
+}
+
 }  // namespace
 
 std::uint32_t PlanRequest::units_on(std::uint32_t total_units) const {
@@ -180,6 +202,7 @@ Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRe
     std::uint32_t units_left = 0;
     unsigned jobs = 0;
     std::optional<std::size_t> shared_given_to;  // the first shared request given part of it
+    std::int64_t last_leased_ns = 0;
   };
   std::map<std::string, GpuWalk> walk;
   for (const auto& gpu : gpus) {
@@ -189,6 +212,7 @@ Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRe
     w.total_units = gpu.total_units;
     w.units_left = gpu.free_units;
     w.jobs = gpu.shared_jobs;
+    w.last_leased_ns = gpu.last_leased_ns;
   }
   struct Claim {
     std::size_t by;
@@ -311,7 +335,10 @@ Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRe
           std::sort(by_room.begin(), by_room.end());
           chosen = std::move(by_room);
         } else {
-          chosen = choose_gpus(usable, r.needed, distance);
+          std::vector<std::int64_t> last_leased(usable.size());
+          for (std::size_t i = 0; i < usable.size(); ++i)
+            last_leased[i] = walk[usable[i]].last_leased_ns;
+          chosen = choose_leased_longest_ago(usable, last_leased, r.needed, distance);
         }
       }
       if (chosen) {

@@ -21,7 +21,11 @@
 //     reserves nothing;
 //   - a request whose usable free GPUs (its candidates, free, healthy for it, not reserved or
 //     given earlier in the plan) suffice is served: the best of them by topology for "any N",
-//     exactly its GPUs when it named them;
+//     ties going to the GPUs whose last lease began longest ago, then to candidate order;
+//     exactly its GPUs when it named them. (Leased longest ago first: a free GPU keeps its
+//     place in that order until it is leased, so a waiter that plans again takes the GPU it
+//     was planned onto, while one just released goes to the back. Lowest first instead left
+//     the highest free GPU idle while jobs churned through the lower ones.)
 //   - otherwise it waits and reserves the usable free GPUs it found: later requests may not use
 //     them (unless it can never be served because its GPUs are gone from the machine). So a big
 //     request gathers GPUs as they free up while smaller ones use only the GPUs it cannot
@@ -68,6 +72,9 @@ struct PlannedGpu {
   std::uint32_t total_units = 0;
   std::uint32_t free_units = 0;
   unsigned shared_jobs = 0;
+  // When its last lease began (ns since the epoch; 0 = never, or unknown to the backend). Of the
+  // free GPUs, a request takes those leased longest ago first (see "Walking that order").
+  std::int64_t last_leased_ns = 0;
 };
 
 // Fair-share shares are counted in 1/kShareScale of a GPU, so that a shared lease of half a

@@ -1,7 +1,8 @@
 // Choosing which N of the free GPUs to lease.
 //
 // Preference, in order: GPUs close together (smallest largest pairwise topology distance, then
-// smallest total), then the lowest indices, so choices are stable and predictable.
+// smallest total), then the earliest in the given order (index order, unless the caller orders
+// them otherwise), so choices are stable and predictable.
 #pragma once
 
 #include <functional>

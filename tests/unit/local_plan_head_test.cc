@@ -3,10 +3,13 @@
 // that the plan still decides and reports as the plan of the whole queue would. The waiters are
 // registered from this process through a QueueDirectory of its own (OFD locks of different open
 // file descriptions conflict within one process too, so the pool sees them as live).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -197,6 +200,30 @@ TEST_F(LocalPlanHeadTest, TheOldestWaiterServedTellsTheNextThatItIsTheOldestNow)
   EXPECT_NE(bytes.find(static_cast<char>(WakeReason::kOldest)), std::string::npos)
       << bytes.size() << " wake bytes, none saying so";
   got->release();
+}
+
+// Each lease writes its record into the GPU's lock file as it begins, so the file's mtime says
+// when the GPU was last leased; the plan gives the free GPU leased longest ago first. With a
+// waiter queued (for held GPU 0 alone), a newcomer is planned: it takes GPU 2, leased an hour
+// ago, before GPU 1, leased half an hour ago; then GPU 2 is the newest, and GPU 1 comes next.
+TEST_F(LocalPlanHeadTest, ANewcomerBehindWaitersTakesTheFreeGpuLeasedLongestAgo) {
+  GpuPool pool(make_simulated_source(3), Options());
+  pool.acquire(Named({SimUuid(1), SimUuid(2)})).release();  // creates their lock files
+  const LockDirectory locks = LockDirectory::open(lock_dir_);
+  const auto set_leased_ago = [&](const std::string& uuid, int seconds) {
+    timespec times[2] = {{0, UTIME_OMIT}, {::time(nullptr) - seconds, 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, locks.lock_file_path(uuid).c_str(), times, 0), 0);
+  };
+  set_leased_ago(SimUuid(1), 1800);
+  set_leased_ago(SimUuid(2), 3600);
+  Lease holder = pool.acquire(Named({SimUuid(0)}));
+  Wait({SimUuid(0)}, true);
+  GpuPool newcomer(make_simulated_source(3), Options());
+  Lease first = newcomer.acquire(Count(1));
+  EXPECT_EQ(first.gpus().front().uuid, SimUuid(2));
+  first.release();
+  Lease second = newcomer.acquire(Count(1));
+  EXPECT_EQ(second.gpus().front().uuid, SimUuid(1));
 }
 
 // The position a waiter is told counts the whole queue, not the head that was planned.

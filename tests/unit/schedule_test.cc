@@ -453,6 +453,80 @@ TEST(PlanServe, HeldGpusAreHeldObstacles) {
   ExpectObstacle(plan.of(0), "GPU-1", Kind::kHeld);
 }
 
+// Free GPUs whose last leases began at `leased` (ns; 0 = never): GPU i at leased[i].
+std::vector<PlannedGpu> FreeLeasedAt(std::initializer_list<std::int64_t> leased) {
+  std::vector<PlannedGpu> out;
+  for (const std::int64_t at : leased) {
+    out.push_back(Free(static_cast<int>(out.size())));
+    out.back().last_leased_ns = at;
+  }
+  return out;
+}
+
+TEST(PlanServe, TheFreeGpuLeasedLongestAgoGoesFirst) {
+  const std::vector<PlanRequest> requests = {Any(1, 1, 1, UuidRange(4)),
+                                             Any(2, 2, 1, UuidRange(4))};
+  const Plan plan = RunPlan(QueuePolicy::kFifo, FreeLeasedAt({40, 30, 10, 20}), requests);
+  EXPECT_THAT(plan.of(0).gpus, ElementsAre("GPU-2"));
+  EXPECT_THAT(plan.of(1).gpus, ElementsAre("GPU-3"));
+}
+
+TEST(PlanServe, AGpuNeverLeasedGoesBeforeOnesThatWere) {
+  const Plan plan =
+      RunPlan(QueuePolicy::kFifo, FreeLeasedAt({40, 30, 0, 20}), {Any(1, 1, 1, UuidRange(4))});
+  EXPECT_THAT(plan.of(0).gpus, ElementsAre("GPU-2"));
+}
+
+TEST(PlanServe, GpusLeasedAtTheSameTimeGoInCandidateOrder) {
+  const Plan plan = RunPlan(QueuePolicy::kFifo, FreeLeasedAt({30, 10, 20, 10}),
+                            {Any(1, 1, 1, Uuids({3, 0, 1, 2}))});
+  EXPECT_THAT(plan.of(0).gpus, ElementsAre("GPU-3"));
+}
+
+// Several GPUs: the ones leased longest ago, listed in candidate order (the order a lease
+// presents them in).
+TEST(PlanServe, AnyNTakesTheGpusLeasedLongestAgoInCandidateOrder) {
+  const Plan plan = RunPlan(QueuePolicy::kFifo, FreeLeasedAt({10, 40, 20, 30, 50}),
+                            {Any(1, 1, 3, Uuids({4, 3, 2, 1, 0}))});
+  EXPECT_THAT(plan.of(0).gpus, ElementsAre("GPU-3", "GPU-2", "GPU-0"));
+}
+
+// Topology comes first; among equally close sets, the GPUs leased longest ago.
+TEST(PlanServe, TopologyFirstThenTheGpusLeasedLongestAgo) {
+  const DistanceFunction distance = [](const std::string& a, const std::string& b) {
+    return IndexOf(a) / 2 == IndexOf(b) / 2 ? 1 : 10;  // pairs {0, 1} and {2, 3}
+  };
+  const std::vector<PlanRequest> requests = {Any(1, 1, 2, UuidRange(4))};
+  EXPECT_THAT(
+      RunPlan(QueuePolicy::kFifo, FreeLeasedAt({40, 30, 10, 20}), requests, distance).of(0).gpus,
+      ElementsAre("GPU-2", "GPU-3"));
+  EXPECT_THAT(
+      RunPlan(QueuePolicy::kFifo, FreeLeasedAt({40, 10, 30, 20}), requests, distance).of(0).gpus,
+      ElementsAre("GPU-0", "GPU-1"))
+      << "of two equally close pairs, the one holding the GPU leased longest ago";
+  EXPECT_THAT(
+      RunPlan(QueuePolicy::kFifo, FreeLeasedAt({40, 10, 20, 30}), requests, distance).of(0).gpus,
+      ElementsAre("GPU-0", "GPU-1"));
+}
+
+// Why the rule: the waiter first in line is planned onto the GPU that is free longest; when it
+// plans again (woken), another GPU has been released meanwhile, but that one is newer, so it
+// still takes the GPU it was planned onto, and the one just released goes to the next waiter.
+// (Lowest index first would move it to the lower GPU each time, and leave the highest idle while
+// short jobs churn through the lower ones.)
+TEST(PlanServe, AWaiterPlanningAgainKeepsItsGpuWhenALowerOneIsReleased) {
+  std::vector<PlannedGpu> gpus = {Held(0), Held(1), Free(2)};
+  gpus[2].last_leased_ns = 10;
+  const std::vector<PlanRequest> requests = {Any(1, 1, 1, UuidRange(3)),
+                                             Any(2, 2, 1, UuidRange(3))};
+  EXPECT_THAT(RunPlan(QueuePolicy::kFifo, gpus, requests).of(0).gpus, ElementsAre("GPU-2"));
+  gpus[0] = Free(0);  // released; its lease began after GPU 2's
+  gpus[0].last_leased_ns = 20;
+  const Plan again = RunPlan(QueuePolicy::kFifo, gpus, requests);
+  EXPECT_THAT(again.of(0).gpus, ElementsAre("GPU-2"));
+  EXPECT_THAT(again.of(1).gpus, ElementsAre("GPU-0"));
+}
+
 // --- Reservation and backfill ------------------------------------------------------------------
 
 TEST(PlanReserve, BigHeadReservesTheFreeGpuAndBlocksLaterRequests) {
@@ -840,6 +914,7 @@ struct Scenario {
   std::vector<PlanRequest> requests;
   bool topology = false;
   bool priority_per_user = false;
+  bool lease_times = false;            // the GPUs carry when their last leases began
   std::map<uid_t, UserLimits> limits;  // each user's, the same on all of its requests
   std::map<uid_t, Priority> priority;  // each user's, when priority_per_user
 };
@@ -853,12 +928,16 @@ Scenario RandomScenario(std::mt19937& rng) {
   s.policy = chance(0.5) ? QueuePolicy::kFifo : QueuePolicy::kFairShare;
   s.topology = chance(0.3);
   s.priority_per_user = chance(0.5);
+  s.lease_times = chance(0.6);
 
   const int gpu_count = uniform(0, 7);
   const double held = std::uniform_real_distribution<double>(0.0, 0.8)(rng);
   for (int i = 0; i < gpu_count; ++i) {
     PlannedGpu gpu{Uuid(i), chance(held), std::nullopt};
     if (gpu.held && chance(0.8)) gpu.holder_uid = static_cast<uid_t>(uniform(0, 3));
+    // When its last lease began: in some scenarios none known (as from Redis), else few values,
+    // so that ties are common.
+    if (s.lease_times) gpu.last_leased_ns = uniform(0, 3);
     s.gpus.push_back(gpu);
   }
   // Machine GPUs plus two that are not on the machine.
@@ -925,6 +1004,7 @@ std::string DescribeScenario(const Scenario& s) {
   for (const auto& g : s.gpus) {
     out << ' ' << g.uuid << (g.held ? "(held" : "(free");
     if (g.holder_uid) out << " by " << *g.holder_uid;
+    if (g.last_leased_ns) out << " leased at " << g.last_leased_ns;
     out << ')';
   }
   out << "\nrequests:\n";
@@ -1051,9 +1131,18 @@ void CheckScenario(const Scenario& s) {
       if (r.named_gpus) {
         expected = r.candidates;
       } else {
-        const auto chosen = choose_gpus(usable, r.needed, distance);
-        if (chosen)
-          for (std::size_t k : *chosen) expected.push_back(usable[k]);
+        // choose_gpus over the usable GPUs leased longest ago first (ties in candidate order),
+        // the chosen ones listed in candidate order.
+        Strings oldest_first = usable;
+        std::stable_sort(oldest_first.begin(), oldest_first.end(),
+                         [&](const std::string& a, const std::string& b) {
+                           return machine[a]->last_leased_ns < machine[b]->last_leased_ns;
+                         });
+        std::set<std::string> chosen_set;
+        if (const auto chosen = choose_gpus(oldest_first, r.needed, distance))
+          for (std::size_t k : *chosen) chosen_set.insert(oldest_first[k]);
+        for (const auto& g : usable)
+          if (chosen_set.count(g)) expected.push_back(g);
       }
       EXPECT_EQ(p.gpus, expected) << "GPUs given";
       EXPECT_EQ(p.gpus.size(), r.needed);
