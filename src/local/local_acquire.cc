@@ -255,9 +255,8 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       const bool others_wait = listing.index.size() > (ticket ? 1u : 0u);
 
       // The common case, one GPU of any with nobody waiting and no limits: the first free
-      // healthy candidate, probing no further than that. (The plan would offer the free GPU
-      // leased longest ago; with nobody else waiting, no waiter's GPU is at stake, and index
-      // order is what a lone user expects.)
+      // healthy candidate is the plan's choice (a request alone is offered the free GPUs in
+      // candidate order, not the ones leased longest ago), so probe no further than that.
       if (shared && !others_wait) {
         // Nobody waits: the fitting GPUs, packed or spread, are the plan's choice.
         if (std::optional<Lease> lease = try_shared_now(candidates, request)) {

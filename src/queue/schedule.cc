@@ -334,6 +334,9 @@ Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRe
           by_room.resize(r.needed);
           std::sort(by_room.begin(), by_room.end());
           chosen = std::move(by_room);
+        } else if (requests.size() == 1) {
+          // Alone: no waiter's GPU is at stake, and a lone user expects index order.
+          chosen = choose_gpus(usable, r.needed, distance);
         } else {
           std::vector<std::int64_t> last_leased(usable.size());
           for (std::size_t i = 0; i < usable.size(); ++i)

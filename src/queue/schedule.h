@@ -21,11 +21,12 @@
 //     reserves nothing;
 //   - a request whose usable free GPUs (its candidates, free, healthy for it, not reserved or
 //     given earlier in the plan) suffice is served: the best of them by topology for "any N",
-//     ties going to the GPUs whose last lease began longest ago, then to candidate order;
-//     exactly its GPUs when it named them. (Leased longest ago first: a free GPU keeps its
-//     place in that order until it is leased, so a waiter that plans again takes the GPU it
-//     was planned onto, while one just released goes to the back. Lowest first instead left
-//     the highest free GPU idle while jobs churned through the lower ones.)
+//     ties going, when more than one request takes part, to the GPUs whose last lease began
+//     longest ago, then to candidate order; exactly its GPUs when it named them. (Leased
+//     longest ago first: a free GPU keeps its place in that order until it is leased, so a
+//     waiter that plans again takes the GPU it was planned onto, while one just released goes
+//     to the back. Lowest first instead left the highest free GPU idle while jobs churned
+//     through the lower ones. A request alone gets candidate order, as a lone user expects.)
 //   - otherwise it waits and reserves the usable free GPUs it found: later requests may not use
 //     them (unless it can never be served because its GPUs are gone from the machine). So a big
 //     request gathers GPUs as they free up while smaller ones use only the GPUs it cannot

@@ -463,6 +463,12 @@ std::vector<PlannedGpu> FreeLeasedAt(std::initializer_list<std::int64_t> leased)
   return out;
 }
 
+// `first`, and behind it another waiter (for a GPU that is not on the machine, so that it takes
+// and reserves nothing): the free GPUs leased longest ago go first only while others wait.
+std::vector<PlanRequest> WithAnotherWaiting(PlanRequest first) {
+  return {first, Any(first.seq + 1, 9, 1, Uuids({99}))};
+}
+
 TEST(PlanServe, TheFreeGpuLeasedLongestAgoGoesFirst) {
   const std::vector<PlanRequest> requests = {Any(1, 1, 1, UuidRange(4)),
                                              Any(2, 2, 1, UuidRange(4))};
@@ -471,15 +477,28 @@ TEST(PlanServe, TheFreeGpuLeasedLongestAgoGoesFirst) {
   EXPECT_THAT(plan.of(1).gpus, ElementsAre("GPU-3"));
 }
 
+// With nobody else waiting, no waiter's GPU is at stake: index order, as a lone user expects
+// (and as the acquire's fast path for one GPU does).
+TEST(PlanServe, ARequestAloneTakesTheFreeGpusInCandidateOrder) {
+  const std::vector<PlannedGpu> gpus = FreeLeasedAt({40, 30, 10, 20});
+  EXPECT_THAT(RunPlan(QueuePolicy::kFifo, gpus, {Any(1, 1, 1, UuidRange(4))}).of(0).gpus,
+              ElementsAre("GPU-0"));
+  EXPECT_THAT(RunPlan(QueuePolicy::kFifo, gpus, {Any(1, 1, 2, UuidRange(4))}).of(0).gpus,
+              ElementsAre("GPU-0", "GPU-1"));
+  EXPECT_THAT(
+      RunPlan(QueuePolicy::kFifo, gpus, WithAnotherWaiting(Any(1, 1, 2, UuidRange(4)))).of(0).gpus,
+      ElementsAre("GPU-2", "GPU-3"));
+}
+
 TEST(PlanServe, AGpuNeverLeasedGoesBeforeOnesThatWere) {
-  const Plan plan =
-      RunPlan(QueuePolicy::kFifo, FreeLeasedAt({40, 30, 0, 20}), {Any(1, 1, 1, UuidRange(4))});
+  const Plan plan = RunPlan(QueuePolicy::kFifo, FreeLeasedAt({40, 30, 0, 20}),
+                            WithAnotherWaiting(Any(1, 1, 1, UuidRange(4))));
   EXPECT_THAT(plan.of(0).gpus, ElementsAre("GPU-2"));
 }
 
 TEST(PlanServe, GpusLeasedAtTheSameTimeGoInCandidateOrder) {
   const Plan plan = RunPlan(QueuePolicy::kFifo, FreeLeasedAt({30, 10, 20, 10}),
-                            {Any(1, 1, 1, Uuids({3, 0, 1, 2}))});
+                            WithAnotherWaiting(Any(1, 1, 1, Uuids({3, 0, 1, 2}))));
   EXPECT_THAT(plan.of(0).gpus, ElementsAre("GPU-3"));
 }
 
@@ -487,7 +506,7 @@ TEST(PlanServe, GpusLeasedAtTheSameTimeGoInCandidateOrder) {
 // presents them in).
 TEST(PlanServe, AnyNTakesTheGpusLeasedLongestAgoInCandidateOrder) {
   const Plan plan = RunPlan(QueuePolicy::kFifo, FreeLeasedAt({10, 40, 20, 30, 50}),
-                            {Any(1, 1, 3, Uuids({4, 3, 2, 1, 0}))});
+                            WithAnotherWaiting(Any(1, 1, 3, Uuids({4, 3, 2, 1, 0}))));
   EXPECT_THAT(plan.of(0).gpus, ElementsAre("GPU-3", "GPU-2", "GPU-0"));
 }
 
@@ -496,7 +515,7 @@ TEST(PlanServe, TopologyFirstThenTheGpusLeasedLongestAgo) {
   const DistanceFunction distance = [](const std::string& a, const std::string& b) {
     return IndexOf(a) / 2 == IndexOf(b) / 2 ? 1 : 10;  // pairs {0, 1} and {2, 3}
   };
-  const std::vector<PlanRequest> requests = {Any(1, 1, 2, UuidRange(4))};
+  const std::vector<PlanRequest> requests = WithAnotherWaiting(Any(1, 1, 2, UuidRange(4)));
   EXPECT_THAT(
       RunPlan(QueuePolicy::kFifo, FreeLeasedAt({40, 30, 10, 20}), requests, distance).of(0).gpus,
       ElementsAre("GPU-2", "GPU-3"));
@@ -1131,13 +1150,14 @@ void CheckScenario(const Scenario& s) {
       if (r.named_gpus) {
         expected = r.candidates;
       } else {
-        // choose_gpus over the usable GPUs leased longest ago first (ties in candidate order),
-        // the chosen ones listed in candidate order.
+        // choose_gpus over the usable GPUs leased longest ago first (ties in candidate order)
+        // while others wait, the chosen ones listed in candidate order.
         Strings oldest_first = usable;
-        std::stable_sort(oldest_first.begin(), oldest_first.end(),
-                         [&](const std::string& a, const std::string& b) {
-                           return machine[a]->last_leased_ns < machine[b]->last_leased_ns;
-                         });
+        if (n > 1)
+          std::stable_sort(oldest_first.begin(), oldest_first.end(),
+                           [&](const std::string& a, const std::string& b) {
+                             return machine[a]->last_leased_ns < machine[b]->last_leased_ns;
+                           });
         std::set<std::string> chosen_set;
         if (const auto chosen = choose_gpus(oldest_first, r.needed, distance))
           for (std::size_t k : *chosen) chosen_set.insert(oldest_first[k]);
