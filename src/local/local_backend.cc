@@ -16,6 +16,7 @@
 #include "gpulock/error.hpp"
 #include "local/gpu_lock_file.h"
 #include "local/shared_leases.h"
+#include "util/unix_time.h"
 
 namespace gpulock {
 namespace {
@@ -123,8 +124,7 @@ LockState LocalBackend::probe(const std::string& uuid, bool with_record) const {
     if (!fd) return result;  // no lock file: nobody has ever locked this GPU
     // Every lease writes its record into the file as it begins: the mtime says when the last
     // one did (to the kernel's clock tick, a few ms at most).
-    result.last_leased_ns =
-        static_cast<std::int64_t>(opened.st_mtim.tv_sec) * 1000000000 + opened.st_mtim.tv_nsec;
+    result.last_leased_ns = modified_unix_ns(opened);
     result.locked = is_locked_elsewhere(fd.get());
     if (result.locked && held_mode(fd.get()) == LockMode::kShared) {
       // Shared leases: the record at offset 0 is an earlier exclusive lease's, not believed.

@@ -22,6 +22,7 @@
 #include "util/fd.h"
 #include "util/quiet_pipe_write.h"
 #include "util/random_id.h"
+#include "util/unix_time.h"
 
 namespace gpulock {
 namespace {
@@ -433,8 +434,7 @@ void QueueDirectory::read_last_served(Listing& listing) const {
     const std::string name = "served-" + std::to_string(uid);
     const bool valid = ::fstatat(fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
                        S_ISREG(st.st_mode) && st.st_uid == uid;
-    listing.last_served[uid] =
-        valid ? static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec : 0;
+    listing.last_served[uid] = valid ? modified_unix_ns(st) : 0;
   };
   // From the index (list_index) or from the tickets (list); a queue of thousands is mostly one
   // user's, so the map is looked at when the user changes.
