@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <thread>
 
+#include <fmt/format.h>
+
 namespace gpulock {
 
 void RedisOutage::wait_to_retry(const Error& error, Clock::time_point deadline) {
@@ -23,6 +25,13 @@ void RedisOutage::end(RedisConnectionLoan& connection, std::chrono::milliseconds
   std::fprintf(stderr, "gpulock: Redis at %s answers again\n",
                connection->endpoint().display().c_str());
   ongoing_ = false;
+}
+
+void RedisOutage::fail_at_deadline(const Error& error, const std::optional<Error>& refusal) const {
+  if (ongoing_ || !refusal) throw error;
+  throw Error(refusal->code(),
+              fmt::format("{}\n  (its last look at the pool, at the deadline, failed: {})",
+                          refusal->what(), error.what()));
 }
 
 void RedisOutage::sleep_until(Clock::time_point until) const {

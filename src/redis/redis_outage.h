@@ -36,6 +36,14 @@ class RedisOutage {
   // Sleeps until `until`, checking the caller's interrupt as often as it asks.
   void sleep_until(Clock::time_point until) const;
 
+  // The request's deadline has passed and a call failed with `error`. That is its last look at
+  // the pool, made at the deadline and cut short by it (on a loaded machine, a call given what
+  // is left of the deadline may not be answered in time), or the server gone just then. A
+  // request whose last answered look found it not served (`refusal`, a kTimedOut error) while no
+  // outage was going on was not served within its timeout: throws `refusal`, saying what the
+  // last look met. Otherwise (an outage, or no refusal: nothing was answered) throws `error`.
+  [[noreturn]] void fail_at_deadline(const Error& error, const std::optional<Error>& refusal) const;
+
  private:
   const WaitHooks& hooks_;
   const char* interrupted_;
