@@ -39,6 +39,11 @@ struct PoolOptions {
   // A safety re-check while waiting on leases only, in case an event was missed. Only the
   // queue's dispatcher (its oldest waiter) uses it; the others re-check 60 times less often.
   std::chrono::milliseconds safety_recheck_interval{10000};
+  // Local backend: how long the backup dispatchers (the second and third oldest waiters) leave
+  // a release or a departure to the oldest waiter before they act on it themselves. Shorter
+  // hands a GPU on sooner while the oldest waiter is stopped (Ctrl-Z), at the cost of more
+  // plans per release; the oldest waiter, and one told that it is the oldest now, act at once.
+  std::chrono::milliseconds backup_dispatcher_delay{20};
   // The administrator's settings; load_config() (GPULOCK_CONFIG or /etc/gpulock/config.toml)
   // when unset.
   std::optional<Config> config;

@@ -43,11 +43,6 @@ constexpr std::chrono::milliseconds kQuickRechecks[] = {
 // How many of the oldest waiters follow releases and departures (see wait_channel.h): with
 // three, a departure is acted on even when two of them are stopped.
 constexpr std::size_t kDispatchers = 3;
-// How long the backup dispatchers wait before they act on a release or departure: long enough
-// for the oldest waiter (or the one whose watched holder just ended) to plan and take its GPUs,
-// so that the backups then find every GPU held and need not plan at all; short enough to hand
-// a GPU on quickly when the oldest waiter is stopped.
-constexpr std::chrono::milliseconds kBackupDelay{20};
 
 }  // namespace
 
@@ -224,7 +219,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         if (QueueDirectory* queue = queue_dir(false)) channel->watch_departures(queue->fd(), true);
       }
       recheck_cheaply = true;
-      // The oldest now: no longer a backup that lets releases wait kBackupDelay.
+      // The oldest now: no longer a backup that lets releases wait backup_dispatcher_delay.
       if (made_oldest) {
         backup_dispatcher = false;
         oldest = true;
@@ -378,8 +373,8 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
                 wakes.add(std::move(*next));
             } else if (k == 0 && live.size() > 1) {
               // The oldest waiter leaves: the next one takes its part at once. Until it plans
-              // it is a backup, which acts on a release only after kBackupDelay, and with
-              // several GPUs the releases meanwhile waited that long (the 4-GPU drain's tail).
+              // it is a backup, which acts on a release only after backup_dispatcher_delay, and
+              // with several GPUs the releases meanwhile waited that long (the 4-GPU drain's tail).
               wakes.add(live[1].id, WakeReason::kOldest);
             }
           }
@@ -548,10 +543,18 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // when it is stopped) and give it, and the waiter it serves, the mutex first.
         // The whole delay, not until the next event: in a busy queue events come every few
         // milliseconds, and the backups would plan at each.
-        const auto until = Clock::now() + kBackupDelay;
-        for (auto left = kBackupDelay; !must_plan && !made_oldest && left.count() > 0;
+        // (PoolOptions::backup_dispatcher_delay: long enough for the oldest waiter, or the one
+        // whose watched holder just ended, to plan and take its GPUs, so that the backups then
+        // find every GPU held and need not plan at all.)
+        // Never past the request's deadline, and checking the caller's interrupt as it asks.
+        const auto until = std::min(deadline, Clock::now() + options_.backup_dispatcher_delay);
+        for (auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now());
+             !must_plan && !made_oldest && left.count() > 0;
              left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now())) {
+          if (hooks.interrupted) left = std::min(left, hooks.interrupt_poll);
           const WaitChannel::Wakeup later = channel->wait(ticket.wake_fd(), left);
+          if (hooks.interrupted && hooks.interrupted())
+            throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
           must_plan |= later.woken || later.watched_ended;
           promoted |= later.promoted;
           made_oldest |= later.made_oldest;

@@ -202,6 +202,57 @@ TEST_F(LocalPlanHeadTest, TheOldestWaiterServedTellsTheNextThatItIsTheOldestNow)
   got->release();
 }
 
+// The other side of that message: the waiter told that it is the oldest now acts on the next
+// release at once. Here the backups' delay and the safety re-check are an hour each: a second
+// waiter that stayed a backup would let the first one's release wait that long. (Its own interrupt
+// ends the wait after a minute, a hang guard: acting at once takes milliseconds. A timeout would
+// not do: the last look at the deadline would serve it.)
+TEST_F(LocalPlanHeadTest, AWaiterToldItIsTheOldestNowActsOnTheNextReleaseAtOnce) {
+  PoolOptions options = Options();
+  options.backup_dispatcher_delay = std::chrono::hours(1);
+  options.safety_recheck_interval = std::chrono::hours(1);
+  GpuPool pool(make_simulated_source(1), options);
+  Lease holder = pool.acquire(Count(1));
+  GpuPool first_pool(make_simulated_source(1), options);
+  BackgroundAcquire first(first_pool, Waiting(Count(1)));
+  first.WaitUntilWaiting();
+  GpuPool second_pool(make_simulated_source(1), options);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  WaitHooks hooks;
+  hooks.interrupted = [give_up] { return std::chrono::steady_clock::now() >= give_up; };
+  hooks.interrupt_poll = milliseconds(100);
+  BackgroundAcquire second(second_pool, Waiting(Count(1)), hooks);
+  second.WaitUntilWaiting();  // a backup dispatcher, behind the first
+  holder.release();
+  std::optional<Lease>& got = first.Finish();
+  ASSERT_TRUE(got) << Describe(first.failure());
+  got->release();
+  std::optional<Lease>& next = second.Finish();
+  ASSERT_TRUE(next) << Describe(second.failure());
+  next->release();
+}
+
+// A backup dispatcher's delay ends with the request's deadline: a waiter behind a stopped oldest
+// waiter, with a delay far longer than its timeout, times out on time (the hang guard here).
+TEST_F(LocalPlanHeadTest, ABackupDispatchersDelayEndsWithItsDeadline) {
+  PoolOptions options = Options();
+  options.backup_dispatcher_delay = std::chrono::hours(1);
+  options.safety_recheck_interval = std::chrono::hours(1);
+  GpuPool pool(make_simulated_source(1), options);
+  Lease holder = pool.acquire(Count(1));
+  Wait({SimUuid(0)}, false);  // the oldest waiter, which never acts (this thread plans nothing)
+  GpuPool backup_pool(make_simulated_source(1), options);
+  LeaseRequest request = Count(1);
+  request.wait = true;
+  request.timeout = std::chrono::milliseconds(500);
+  BackgroundAcquire backup(backup_pool, request);
+  backup.WaitUntilWaiting();
+  holder.release();  // a release: the backup waits for the oldest waiter, until its deadline
+  EXPECT_FALSE(backup.Finish());
+  ExpectError([&] { std::rethrow_exception(backup.failure()); }, ErrorCode::kTimedOut,
+              "within the timeout");
+}
+
 // Each lease writes its record into the GPU's lock file as it begins, so the file's mtime says
 // when the GPU was last leased; the plan gives the free GPU leased longest ago first. With a
 // waiter queued (for held GPU 0 alone), a newcomer is planned: it takes GPU 2, leased an hour
