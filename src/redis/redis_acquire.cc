@@ -170,10 +170,10 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     if (!token) {
       // A garbage `token` key made a token that is no 64-bit count: give the GPUs back at once
       // rather than leave them locked until the TTL ends.
+      token_unusable = true;  // first: a release that goes unanswered is no outage either
       std::vector<std::string> release_args{acquire.lease_id};
       for (const LeasedGpu& g : acquire.gpus) release_args.push_back(g.uuid);
       connection->run(redis_scripts::kRelease, {settings_.version_key()}, release_args);
-      token_unusable = true;
       throw Error(ErrorCode::kEnvironment,
                   fmt::format("pool '{}': its fencing-token counter ({}token) gave '{}', "
                               "which is not a 64-bit count, so the lease was given back; "
@@ -196,6 +196,9 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   };
 
   while (true) {
+    // The round that starts at the deadline is the request's last look at the pool: its calls
+    // get what is left of the deadline, so one may go unanswered (RedisOutage::fail_at_deadline).
+    const bool last_look = Clock::now() >= deadline;
     try {
       if (!first_round) local_devices = source_->devices();  // fresh readings for health filters
       first_round = false;
@@ -492,7 +495,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       if (error.code() != ErrorCode::kEnvironment || !(has_waited || unanswered) || token_unusable)
         throw;
       if (Clock::now() >= deadline)
-        outage.fail_at_deadline(error, unanswered ? std::nullopt : last_refusal);
+        outage.fail_at_deadline(error, last_look && !unanswered ? last_refusal : std::nullopt);
       last_refusal.reset();
       waker.reset();
       ticket.id.clear();

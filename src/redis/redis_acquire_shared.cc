@@ -159,8 +159,8 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
     }
     const std::optional<std::uint64_t> token = parse_fencing_token(reply.elements[1].text);
     if (taken.size() != needed || !token) {
+      retrying_cannot_help = true;  // first: a release that goes unanswered is no outage either
       connection->run(redis_scripts::kRelease, {settings_.version_key()}, {acquire.lease_id});
-      retrying_cannot_help = true;
       throw Error(ErrorCode::kEnvironment,
                   fmt::format("pool '{}': the shared acquire gave an unexpected reply (token "
                               "'{}'), so the lease was given back; see `gpulock doctor`",
@@ -197,6 +197,9 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
   };
 
   while (true) {
+    // The round that starts at the deadline is the request's last look at the pool: its calls
+    // get what is left of the deadline, so one may go unanswered (RedisOutage::fail_at_deadline).
+    const bool last_look = Clock::now() >= deadline;
     try {
       if (!first_round) local_devices = source_->devices();  // fresh readings for the fit
       first_round = false;
@@ -398,7 +401,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
           retrying_cannot_help)
         throw;
       if (Clock::now() >= deadline)
-        outage.fail_at_deadline(error, unanswered ? std::nullopt : last_refusal);
+        outage.fail_at_deadline(error, last_look && !unanswered ? last_refusal : std::nullopt);
       last_refusal.reset();
       outage.wait_to_retry(error, deadline);
     }

@@ -151,30 +151,39 @@ def test_a_silent_server_cannot_hold_a_request_past_its_deadline(rw, waiting):
 
 # -- a last look at the pool, at the deadline, that gets no answer --------------------------------
 
+def blocked_in_blpop(server):
+    """Whether a client of the server is blocked in BLPOP (a waiter asleep on its wake list)."""
+    clients = server.command("CLIENT", "LIST")
+    return any("cmd=blpop" in line and "flags=b" in line for line in clients.splitlines())
+
+
 def test_a_waiter_whose_last_look_at_its_deadline_is_not_answered_timed_out(rw):
     """A waiter's --timeout ends; its last look at the pool, made then, gets no answer in the
     little time left. The server answered all along, and the last answered look left the request
     waiting: it was not served within its timeout (exit 75, saying what the last look met), not
     refused by an unavailable server (69). CI met this under ASan on a loaded machine, where a
-    call given the last millisecond of a deadline is not answered in time; here the server is
-    paused (CLIENT PAUSE) from after the waiter entered the queue until well past its deadline."""
+    call given the last millisecond of a deadline is not answered in time. Here the server is
+    paused (CLIENT PAUSE) once the waiter sleeps in BLPOP (which, blocked before the pause, is
+    still answered when its time is up) until well past the deadline; the deadline, 1.5 s, comes
+    before the waiter's first heartbeat (2 s), so the last look is the first call that fails."""
     rw.register("node-a", gpus=1)
     holder = rw.hold("-n", "1", env=rw.env(ttl="120s"))  # no lease loss during the pause
     outcomes = []
     for _ in range(3):  # a load spike that delays the pause past the deadline rarely repeats
-        # An earlier try's ticket (its leave was paused) expires by itself.
-        wait_until(lambda: rw.server.command("ZCARD", rw.key("queue")) == 0, timeout=HANG,
-                   what="an earlier waiter's ticket to leave")
-        waiter = rw.spawn("run", "--timeout", "3s", "--", "true")
-        wait_until(lambda: rw.server.command("ZCARD", rw.key("queue")) == 1 or
-                   not waiter.alive(), timeout=HANG, interval=0.01,
-                   what="the waiter to enter the queue")
-        rw.server.pause(6_000)  # past the deadline and the last look's 251 ms of BLPOP margin
+        # An earlier try's ticket (its leave was sent during the pause, and dropped) is gone once
+        # its key has expired and a snapshot (gpulock queue) has seen it so.
+        wait_until(lambda: rw.run("queue", "--json").returncode == 0 and
+                   rw.server.command("ZCARD", rw.key("queue")) == 0, timeout=HANG,
+                   interval=0.5, what="an earlier waiter's ticket to leave")
+        waiter = rw.spawn("run", "--timeout", "1.5s", "--", "true")
+        wait_until(lambda: blocked_in_blpop(rw.server) or not waiter.alive(), timeout=HANG,
+                   interval=0.01, what="the waiter to sleep in the queue")
+        rw.server.pause(4_000)  # past the deadline and the last look's 251 ms of BLPOP margin
         status = waiter.wait(timeout=HANG)
         wait_unpaused(rw.server)
-        assert status == EX_TEMPFAIL, waiter.describe()
-        outcomes.append(waiter.stderr())
-        if "last look at the pool" in outcomes[-1]:
+        outcomes.append(waiter.describe())
+        assert status == EX_TEMPFAIL, outcomes
+        if "last look at the pool" in waiter.stderr():
             break
     assert "last look at the pool, at the deadline, failed" in outcomes[-1], outcomes
     assert "no GPU became available within the timeout" in outcomes[-1], outcomes
