@@ -43,6 +43,7 @@ struct PoolOptions {
   // a release or a departure to the oldest waiter before they act on it themselves. Shorter
   // hands a GPU on sooner while the oldest waiter is stopped (Ctrl-Z), at the cost of more
   // plans per release; the oldest waiter, and one told that it is the oldest now, act at once.
+  // Never past a request's deadline; 0 to 24 h (outside, the nearest end).
   std::chrono::milliseconds backup_dispatcher_delay{20};
   // The administrator's settings; load_config() (GPULOCK_CONFIG or /etc/gpulock/config.toml)
   // when unset.

@@ -546,12 +546,14 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // (PoolOptions::backup_dispatcher_delay: long enough for the oldest waiter, or the one
         // whose watched holder just ended, to plan and take its GPUs, so that the backups then
         // find every GPU held and need not plan at all.)
-        // Never past the request's deadline, and checking the caller's interrupt as it asks.
+        // Never past the request's deadline, and checking the caller's interrupt as it asks. (A
+        // progress line due meanwhile waits for the delay's end: it shows nothing new.)
         const auto until = std::min(deadline, Clock::now() + options_.backup_dispatcher_delay);
         for (auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now());
              !must_plan && !made_oldest && left.count() > 0;
              left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now())) {
           if (hooks.interrupted) left = std::min(left, hooks.interrupt_poll);
+          if (hooks.progress_refresh) left = std::min(left, *hooks.progress_refresh);
           const WaitChannel::Wakeup later = channel->wait(ticket.wake_fd(), left);
           if (hooks.interrupted && hooks.interrupted())
             throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");

@@ -55,6 +55,11 @@ LocalBackend::LocalBackend(std::unique_ptr<DeviceSource> source, PoolOptions opt
       options_(std::move(options)),
       config_(options_.config ? *options_.config : load_config()),
       dir_(LockDirectory::open(options_.lock_dir.value_or(default_lock_directory()))) {
+  // A day at most: beyond, adding it to the clock could overflow, and no waiter waits so long
+  // for another to act. Negative: none.
+  options_.backup_dispatcher_delay =
+      std::clamp(options_.backup_dispatcher_delay, std::chrono::milliseconds(0),
+                 std::chrono::milliseconds(std::chrono::hours(24)));
   const bool lock_dir_is_default = !options_.lock_dir && !std::getenv("GPULOCK_DIR");
   const std::string where =
       journal_directory(config_.journal_dir, dir_.path(), lock_dir_is_default);

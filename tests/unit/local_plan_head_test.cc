@@ -233,7 +233,8 @@ TEST_F(LocalPlanHeadTest, AWaiterToldItIsTheOldestNowActsOnTheNextReleaseAtOnce)
 }
 
 // A backup dispatcher's delay ends with the request's deadline: a waiter behind a stopped oldest
-// waiter, with a delay far longer than its timeout, times out on time (the hang guard here).
+// waiter, with a delay far longer than its timeout, times out on time. (Its interrupt, after a
+// minute, is the hang guard.)
 TEST_F(LocalPlanHeadTest, ABackupDispatchersDelayEndsWithItsDeadline) {
   PoolOptions options = Options();
   options.backup_dispatcher_delay = std::chrono::hours(1);
@@ -244,8 +245,12 @@ TEST_F(LocalPlanHeadTest, ABackupDispatchersDelayEndsWithItsDeadline) {
   GpuPool backup_pool(make_simulated_source(1), options);
   LeaseRequest request = Count(1);
   request.wait = true;
-  request.timeout = std::chrono::milliseconds(500);
-  BackgroundAcquire backup(backup_pool, request);
+  request.timeout = std::chrono::seconds(2);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  WaitHooks hooks;
+  hooks.interrupted = [give_up] { return std::chrono::steady_clock::now() >= give_up; };
+  hooks.interrupt_poll = milliseconds(100);
+  BackgroundAcquire backup(backup_pool, request, hooks);
   backup.WaitUntilWaiting();
   holder.release();  // a release: the backup waits for the oldest waiter, until its deadline
   EXPECT_FALSE(backup.Finish());
