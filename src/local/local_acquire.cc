@@ -553,7 +553,6 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
              !must_plan && !made_oldest && left.count() > 0;
              left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now())) {
           if (hooks.interrupted) left = std::min(left, hooks.interrupt_poll);
-          if (hooks.progress_refresh) left = std::min(left, *hooks.progress_refresh);
           const WaitChannel::Wakeup later = channel->wait(ticket.wake_fd(), left);
           if (hooks.interrupted && hooks.interrupted())
             throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
