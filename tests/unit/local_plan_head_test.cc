@@ -41,6 +41,24 @@ class LocalPlanHeadTest : public ::testing::Test {
     return options;
   }
 
+  // The backup dispatchers' delay and the safety re-check an hour each: a waiter that acts on a
+  // release sooner does so for another reason.
+  PoolOptions SlowBackupOptions() const {
+    PoolOptions options = Options();
+    options.backup_dispatcher_delay = std::chrono::hours(1);
+    options.safety_recheck_interval = std::chrono::hours(1);
+    return options;
+  }
+
+  // Hooks that interrupt a wait after a minute: a hang guard for waits bounded by neither.
+  static WaitHooks GiveUpAfterAMinute() {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+    WaitHooks hooks;
+    hooks.interrupted = [give_up] { return std::chrono::steady_clock::now() >= give_up; };
+    hooks.interrupt_poll = milliseconds(100);
+    return hooks;
+  }
+
   // Registers a waiter of this user for one of `candidates` (all of them when `named`), with no
   // health filter but the default one (no processes outside gpulock) unless `allow_foreign`.
   void Wait(std::vector<std::string> candidates, bool named, bool allow_foreign = false,
@@ -208,20 +226,14 @@ TEST_F(LocalPlanHeadTest, TheOldestWaiterServedTellsTheNextThatItIsTheOldestNow)
 // ends the wait after a minute, a hang guard: acting at once takes milliseconds. A timeout would
 // not do: the last look at the deadline would serve it.)
 TEST_F(LocalPlanHeadTest, AWaiterToldItIsTheOldestNowActsOnTheNextReleaseAtOnce) {
-  PoolOptions options = Options();
-  options.backup_dispatcher_delay = std::chrono::hours(1);
-  options.safety_recheck_interval = std::chrono::hours(1);
+  const PoolOptions options = SlowBackupOptions();
   GpuPool pool(make_simulated_source(1), options);
   Lease holder = pool.acquire(Count(1));
   GpuPool first_pool(make_simulated_source(1), options);
   BackgroundAcquire first(first_pool, Waiting(Count(1)));
   first.WaitUntilWaiting();
   GpuPool second_pool(make_simulated_source(1), options);
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
-  WaitHooks hooks;
-  hooks.interrupted = [give_up] { return std::chrono::steady_clock::now() >= give_up; };
-  hooks.interrupt_poll = milliseconds(100);
-  BackgroundAcquire second(second_pool, Waiting(Count(1)), hooks);
+  BackgroundAcquire second(second_pool, Waiting(Count(1)), GiveUpAfterAMinute());
   second.WaitUntilWaiting();  // a backup dispatcher, behind the first
   holder.release();
   std::optional<Lease>& got = first.Finish();
@@ -236,9 +248,7 @@ TEST_F(LocalPlanHeadTest, AWaiterToldItIsTheOldestNowActsOnTheNextReleaseAtOnce)
 // waiter, with a delay far longer than its timeout, times out on time. (Its interrupt, after a
 // minute, is the hang guard.)
 TEST_F(LocalPlanHeadTest, ABackupDispatchersDelayEndsWithItsDeadline) {
-  PoolOptions options = Options();
-  options.backup_dispatcher_delay = std::chrono::hours(1);
-  options.safety_recheck_interval = std::chrono::hours(1);
+  const PoolOptions options = SlowBackupOptions();
   GpuPool pool(make_simulated_source(1), options);
   Lease holder = pool.acquire(Count(1));
   Wait({SimUuid(0)}, false);  // the oldest waiter, which never acts (this thread plans nothing)
@@ -246,11 +256,7 @@ TEST_F(LocalPlanHeadTest, ABackupDispatchersDelayEndsWithItsDeadline) {
   LeaseRequest request = Count(1);
   request.wait = true;
   request.timeout = std::chrono::seconds(2);
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
-  WaitHooks hooks;
-  hooks.interrupted = [give_up] { return std::chrono::steady_clock::now() >= give_up; };
-  hooks.interrupt_poll = milliseconds(100);
-  BackgroundAcquire backup(backup_pool, request, hooks);
+  BackgroundAcquire backup(backup_pool, request, GiveUpAfterAMinute());
   backup.WaitUntilWaiting();
   holder.release();  // a release: the backup waits for the oldest waiter, until its deadline
   EXPECT_FALSE(backup.Finish());
