@@ -149,7 +149,6 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   // once per health recheck, however often they flip).
   Clock::time_point next_readings_push{};
   std::optional<SentAcquire> unanswered;  // an acquire whose answer has not come
-  std::optional<Error> last_refusal;      // why the last plan the server answered left it waiting
 
   // Runs an acquire script and makes the lease of an "ok" reply; nullopt when refused.
   const auto take = [&](const SentAcquire& acquire) -> std::optional<Lease> {
@@ -422,7 +421,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       const int position = static_cast<int>(q.plan.position_of[me]) + 1;
       Error refusal = not_served(q, me, request.wait, blocking, blocked_by);
       if (!request.wait || Clock::now() >= deadline) throw refusal;
-      last_refusal = std::move(refusal);
+      outage.left_waiting(std::move(refusal));
       if (hooks.on_progress) {
         const std::string signature = fmt::format("{}\n{}", position, blocked_by);
         if (signature != last_progress || hooks.progress_refresh) {
@@ -494,9 +493,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       // is an error (exit 69).
       if (error.code() != ErrorCode::kEnvironment || !(has_waited || unanswered) || token_unusable)
         throw;
-      if (Clock::now() >= deadline)
-        outage.fail_at_deadline(error, last_look && !unanswered ? last_refusal : std::nullopt);
-      last_refusal.reset();
+      if (Clock::now() >= deadline) outage.fail_at_deadline(error, last_look && !unanswered);
       waker.reset();
       ticket.id.clear();
       outage.wait_to_retry(error, deadline);

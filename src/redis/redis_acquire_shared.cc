@@ -132,7 +132,6 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
   RedisOutage outage(hooks, "interrupted while waiting for GPU memory");
   bool retrying_cannot_help = false;            // an error of the pool's data, not of reaching it
   std::optional<SentSharedAcquire> unanswered;  // an acquire whose answer has not come
-  std::optional<Error> last_refusal;  // why the last look the server answered left it waiting
 
   // Runs an acquire script and makes the lease of an "ok" reply; else nullopt, with the
   // script's outcome in *outcome.
@@ -381,7 +380,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
                                              : "the requested GPU memory is not free now",
                                 blocked_by));
       if (!request.wait || Clock::now() >= deadline) throw refusal;
-      last_refusal = std::move(refusal);
+      outage.left_waiting(std::move(refusal));
       if (hooks.on_progress && (blocked_by != last_progress || hooks.progress_refresh)) {
         last_progress = blocked_by;
         hooks.on_progress(WaitProgress{Clock::now() - start,
@@ -400,9 +399,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
       if (error.code() != ErrorCode::kEnvironment || !(has_waited || unanswered) ||
           retrying_cannot_help)
         throw;
-      if (Clock::now() >= deadline)
-        outage.fail_at_deadline(error, last_look && !unanswered ? last_refusal : std::nullopt);
-      last_refusal.reset();
+      if (Clock::now() >= deadline) outage.fail_at_deadline(error, last_look && !unanswered);
       outage.wait_to_retry(error, deadline);
     }
   }

@@ -14,6 +14,7 @@ void RedisOutage::wait_to_retry(const Error& error, Clock::time_point deadline) 
     std::fprintf(stderr, "gpulock: warning: %s; still waiting, retrying every second\n",
                  error.what());
   ongoing_ = true;
+  refusal_.reset();  // from before the outage
   sleep_until(std::min(deadline, Clock::now() + std::chrono::seconds(1)));
 }
 
@@ -27,11 +28,11 @@ void RedisOutage::end(RedisConnectionLoan& connection, std::chrono::milliseconds
   ongoing_ = false;
 }
 
-void RedisOutage::fail_at_deadline(const Error& error, const std::optional<Error>& refusal) const {
-  if (ongoing_ || !refusal) throw error;
-  throw Error(refusal->code(),
+void RedisOutage::fail_at_deadline(const Error& error, bool last_look) const {
+  if (!last_look || ongoing_ || !refusal_) throw error;
+  throw Error(refusal_->code(),
               fmt::format("{}\n  (its last look at the pool, at the deadline, failed: {})",
-                          refusal->what(), error.what()));
+                          refusal_->what(), error.what()));
 }
 
 void RedisOutage::sleep_until(Clock::time_point until) const {

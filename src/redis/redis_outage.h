@@ -1,11 +1,13 @@
 // RedisOutage: how a request that waits on a Redis pool rides out a server that stops
 // answering: one warning when the outage starts, a retry every second until the request's
-// deadline (interrupts still stop it), and one line when the server answers again. Shared by
+// deadline (interrupts still stop it), one line when the server answers again, and what a
+// request whose last look at the pool fails at its deadline ends with. Shared by
 // the exclusive and the shared acquire, so that both say and do the same.
 #pragma once
 
 #include <chrono>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "gpulock/error.hpp"
@@ -36,18 +38,23 @@ class RedisOutage {
   // Sleeps until `until`, checking the caller's interrupt as often as it asks.
   void sleep_until(Clock::time_point until) const;
 
-  // The request's deadline has passed and a call failed with `error`. That is its last look at
-  // the pool, made at the deadline and cut short by it (on a loaded machine, a call given what
-  // is left of the deadline may not be answered in time), or the server gone just then. A
-  // request whose last answered look found it not served (`refusal`, a kTimedOut error) while no
-  // outage was going on was not served within its timeout: throws `refusal`, saying what the
-  // last look met. Otherwise (an outage, or no refusal: nothing was answered) throws `error`.
-  [[noreturn]] void fail_at_deadline(const Error& error, const std::optional<Error>& refusal) const;
+  // The server answered a look at the pool that left the request waiting: `refusal` (a
+  // kTimedOut error) says why, for fail_at_deadline. An outage forgets it (wait_to_retry).
+  void left_waiting(Error refusal) { refusal_ = std::move(refusal); }
+
+  // The request's deadline has passed and a call failed with `error`. If that call belongs to
+  // the request's last look at the pool (`last_look`: the round begun at the deadline, whose calls
+  // get what is left of it, so that on a loaded machine one may go unanswered), no outage was
+  // going on, and the last look the server answered left the request waiting, it was not served
+  // within its timeout: throws that refusal, saying how the last look failed. Otherwise throws
+  // `error`.
+  [[noreturn]] void fail_at_deadline(const Error& error, bool last_look) const;
 
  private:
   const WaitHooks& hooks_;
   const char* interrupted_;
   bool ongoing_ = false;
+  std::optional<Error> refusal_;  // see left_waiting
 };
 
 // Runs an acquire script (`script` with `sent.args`), whose answer an outage may take away after
