@@ -182,6 +182,15 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   bool promoted = false;         // told it is a dispatcher now, with nothing else to plan for
   bool made_oldest = false;      // ... and the oldest waiter (the one before it was served)
   bool shared_in_queue = false;  // the last plan had shared requests (a GPU in use may have room)
+  // Waits for an event on the channel or the ticket's FIFO, at most `slice` and no longer than the
+  // caller's interrupt poll; stops if the caller's interrupt asks.
+  const auto wait_for_event = [&](std::chrono::milliseconds slice) {
+    if (hooks.interrupted) slice = std::min(slice, hooks.interrupt_poll);
+    const WaitChannel::Wakeup woke = channel->wait(ticket.wake_fd(), slice);
+    if (hooks.interrupted && hooks.interrupted())
+      throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
+    return woke;
+  };
 
   while (true) {
     const std::vector<Device> devices = source_->devices();
@@ -521,16 +530,13 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     while (true) {
       // Rounded up: rounding down would make the last millisecond of every sleep a busy loop.
       auto slice = std::chrono::ceil<std::chrono::milliseconds>(wake_at - Clock::now());
-      if (hooks.interrupted) slice = std::min(slice, hooks.interrupt_poll);
       if (hooks.progress_refresh) slice = std::min(slice, *hooks.progress_refresh);
       if (deadline != Clock::time_point::max()) {
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
         slice = std::min(slice, left + std::chrono::milliseconds(1));
       }
       slice = std::max(slice, std::chrono::milliseconds(0));
-      const WaitChannel::Wakeup woke = channel->wait(ticket.wake_fd(), slice);
-      if (hooks.interrupted && hooks.interrupted())
-        throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
+      const WaitChannel::Wakeup woke = wait_for_event(slice);
       // The kernel reports a close just before it drops the closed file's lock (a lease's,
       // or a dead waiter's ticket's): look again shortly after any wake-up.
       if (!woke.timed_out()) quick_rechecks = static_cast<int>(std::size(kQuickRechecks));
@@ -552,10 +558,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         for (auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now());
              !must_plan && !made_oldest && left.count() > 0;
              left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now())) {
-          if (hooks.interrupted) left = std::min(left, hooks.interrupt_poll);
-          const WaitChannel::Wakeup later = channel->wait(ticket.wake_fd(), left);
-          if (hooks.interrupted && hooks.interrupted())
-            throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
+          const WaitChannel::Wakeup later = wait_for_event(left);
           must_plan |= later.woken || later.watched_ended;
           promoted |= later.promoted;
           made_oldest |= later.made_oldest;
