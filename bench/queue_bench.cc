@@ -61,8 +61,9 @@ struct Record {
   std::int32_t gpu = 0;
   std::int32_t waited = 0;  // acquire() had to wait (its on_progress hook fired)
   std::int32_t pid = 0;
-  std::int64_t t_acq = 0;  // right after acquire() returned
-  std::int64_t t_rel = 0;  // right before release()
+  std::int64_t t_acq = 0;    // right after acquire() returned
+  std::int64_t t_rel = 0;    // right before release()
+  std::int64_t t_freed = 0;  // right after release() returned
 };
 
 // ---- Worker processes ----------------------------------------------------------------------
@@ -173,6 +174,7 @@ int worker_main(const std::string& kind, int index, unsigned count, const std::s
                               1000);
     r.t_rel = now_ns();
     lease.release();
+    r.t_freed = now_ns();
     records.push_back(r);
     return r;
   };
@@ -264,8 +266,11 @@ std::vector<double> handoffs(std::vector<Record> records, std::int64_t from, std
     out.push_back(static_cast<double>(r.t_acq - before.t_rel) / kMs);
     if (g_show_slower_ms >= 0 && out.back() > g_show_slower_ms)
       std::fprintf(
-          stderr, "  slow hand-off: %.2f ms, GPU %d, pid %d -> pid %d, released at %.6f s\n",
-          out.back(), r.gpu, before.pid, r.pid, static_cast<double>(before.t_rel) / kSecond);
+          stderr,
+          "  slow hand-off: %.2f ms, GPU %d, pid %d -> pid %d, released at %.6f s, release() "
+          "took %.2f ms\n",
+          out.back(), r.gpu, before.pid, r.pid, static_cast<double>(before.t_rel) / kSecond,
+          static_cast<double>(before.t_freed - before.t_rel) / kMs);
   }
   return out;
 }
