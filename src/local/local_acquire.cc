@@ -114,7 +114,9 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   // registered only if it has to wait.
   Ticket wanted;
 
-  ChannelLoan channel(*this);
+  // Made when the request joins the queue; its inotify instance, if it became a dispatcher, is
+  // given back when it leaves (wait_channel.h).
+  std::optional<WaitChannel> channel;
   OwnTicket ticket;
   int quick_rechecks = 0;  // left after a wake-up; see kQuickRechecks
   // The waiters that follow releases (the oldest kDispatchers), as this waiter last saw them.
@@ -417,7 +419,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // Register, and set up our watches below from this plan, which placed us as if we had
         // registered already (held back by the waiting limit, we plan again to learn our place).
         wanted.entered_over_limit = over_limit;
-        channel.take();
+        if (!channel) channel.emplace();
         QueueDirectory& queue = *queue_dir(true);
         // Listed again if the queue directory was only made now (the listing was empty).
         ticket = queue.enter(wanted, listing.index.empty() ? queue.list_index() : listing);

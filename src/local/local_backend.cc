@@ -31,25 +31,6 @@ AcquireMutex::Hold LocalBackend::hold_acquire_mutex(Clock::time_point deadline,
   return acquire_mutex_.hold(std::max(deadline, start + kAcquireMutexGrace));
 }
 
-LocalBackend::ChannelLoan::~ChannelLoan() {
-  if (!channel_) return;
-  channel_->reset();
-  std::lock_guard<std::mutex> lock(pool_.channels_mutex_);
-  pool_.idle_channels_.push_back(std::move(channel_));
-}
-
-void LocalBackend::ChannelLoan::take() {
-  if (channel_) return;
-  {
-    std::lock_guard<std::mutex> lock(pool_.channels_mutex_);
-    if (!pool_.idle_channels_.empty()) {
-      channel_ = std::move(pool_.idle_channels_.back());
-      pool_.idle_channels_.pop_back();
-    }
-  }
-  if (!channel_) channel_ = std::make_unique<WaitChannel>();
-}
-
 LocalBackend::LocalBackend(std::unique_ptr<DeviceSource> source, PoolOptions options)
     : source_(std::move(source)),
       options_(std::move(options)),

@@ -141,24 +141,6 @@ class LocalBackend final : public LeaseBackend {
   // REQUIRES: the acquire mutex is held.
   QueueDirectory::Listing list_queue_index();
 
-  // A WaitChannel lent to one waiting acquire() and given back to the pool afterwards.
-  // Channels are kept for the pool's lifetime because closing an inotify descriptor blocks for
-  // a kernel grace period (milliseconds), which would delay every acquire() that waited.
-  class ChannelLoan {
-   public:
-    explicit ChannelLoan(LocalBackend& pool) : pool_(pool) {}
-    ~ChannelLoan();
-    ChannelLoan(const ChannelLoan&) = delete;
-    ChannelLoan& operator=(const ChannelLoan&) = delete;
-    void take();
-    explicit operator bool() const { return channel_ != nullptr; }
-    WaitChannel* operator->() { return channel_.get(); }
-
-   private:
-    LocalBackend& pool_;
-    std::unique_ptr<WaitChannel> channel_;
-  };
-
   std::unique_ptr<DeviceSource> source_;
   PoolOptions options_;
   Config config_;
@@ -170,8 +152,6 @@ class LocalBackend final : public LeaseBackend {
   AcquireMutex acquire_mutex_{dir_};
   std::mutex queue_dir_mutex_;
   std::unique_ptr<QueueDirectory> queue_dir_;
-  std::mutex channels_mutex_;
-  std::vector<std::unique_ptr<WaitChannel>> idle_channels_;
   std::mutex user_names_mutex_;
   std::map<uid_t, std::string> user_names_;
 };

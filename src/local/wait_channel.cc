@@ -14,6 +14,7 @@
 #include "gpulock/error.hpp"
 #include "local/lock_directory.h"
 #include "process/process_identity.h"
+#include "util/close_in_background.h"
 
 namespace gpulock {
 namespace {
@@ -43,6 +44,10 @@ void drain_wakeups(int fd, WaitChannel::Wakeup& woke) {
 }  // namespace
 
 WaitChannel::WaitChannel() = default;
+
+WaitChannel::~WaitChannel() {
+  close_in_background(std::move(inotify_fd_));
+}
 
 bool WaitChannel::watch_directory(int dir_fd, bool on, int& wd) {
   if (polling_ || on == (wd >= 0)) return false;
@@ -77,7 +82,7 @@ bool WaitChannel::watch_departures(int queue_dir_fd, bool on) {
 void WaitChannel::fall_back_to_polling() {
   // Out of inotify instances or watches: every wait() then reports "maybe" after at most
   // 100 ms, whatever was being watched.
-  inotify_fd_.reset();
+  close_in_background(std::move(inotify_fd_));
   polling_ = true;
   releases_wd_ = departures_wd_ = -1;
 }
@@ -169,18 +174,6 @@ WaitChannel::Wakeup WaitChannel::wait(int wake_fd, std::chrono::milliseconds tim
   if (polling && woke.timed_out() && timeout >= kPollInterval)
     woke.release = woke.queue_change = woke.woken = true;  // polling: anything may have happened
   return woke;
-}
-
-void WaitChannel::reset() {
-  if (inotify_fd_) {
-    if (releases_wd_ >= 0) ::inotify_rm_watch(inotify_fd_.get(), releases_wd_);
-    if (departures_wd_ >= 0) ::inotify_rm_watch(inotify_fd_.get(), departures_wd_);
-    drain();
-  }
-  polling_ = false;  // the next waiter tries inotify again, if it becomes a dispatcher
-  releases_wd_ = departures_wd_ = -1;
-  process_fd_.reset();
-  watched_pid_ = 0;
 }
 
 }  // namespace gpulock

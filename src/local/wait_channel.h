@@ -13,8 +13,9 @@
 //     if its ring watcher is stopped.
 // Only dispatchers hold an inotify instance (fs.inotify.max_user_instances is 128 per user by
 // default: a sweep of a thousand waiting jobs must not need one each). A dispatcher that cannot
-// get one polls every 100 ms. Closing an inotify descriptor blocks for a kernel grace period:
-// GpuPool keeps channels for reuse, and reset() makes one fresh for the next waiter.
+// get one polls every 100 ms. Each waiting acquire() has a channel of its own, and gives its
+// instance back when it leaves the queue, closed in the background: the close blocks for a
+// kernel grace period.
 #pragma once
 
 #include <sys/types.h>
@@ -30,6 +31,8 @@ namespace gpulock {
 class WaitChannel {
  public:
   WaitChannel();
+  // Gives the inotify instance back, closing it in the background (util/close_in_background.h).
+  ~WaitChannel();
   WaitChannel(const WaitChannel&) = delete;
   WaitChannel& operator=(const WaitChannel&) = delete;
 
@@ -61,9 +64,6 @@ class WaitChannel {
   // Sleeps until one of the sources fires or the timeout passes, or a signal handler runs
   // (then it returns early, as if timed out). wake_fd may be -1.
   Wakeup wait(int wake_fd, std::chrono::milliseconds timeout);
-
-  // Forgets every watch and queued event, for the next waiter.
-  void reset();
 
  private:
   // Adds (on) or removes the IN_CLOSE_WRITE watch `wd` on the directory open at dir_fd.

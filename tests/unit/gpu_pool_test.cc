@@ -20,6 +20,7 @@
 #include <functional>
 #include <future>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -31,6 +32,7 @@
 #include "expect_error.h"
 #include "gpu_pool_test_support.h"
 #include "gpulock/error.hpp"
+#include "inotify_instances.h"
 #include "local/gpu_lock_file.h"
 #include "local/lock_directory.h"
 #include "process/process_identity.h"
@@ -113,6 +115,34 @@ TEST_F(GpuPoolTest, ProgressIsReportedOnlyWhenItChanges) {
 }
 
 // --- status -------------------------------------------------------------------------------
+
+// Only waiters that follow releases hold an inotify instance (a user has 128 by default, for
+// all their programs). Waiters served, with their pools still open, hold none: the pool kept
+// each one for reuse before, so a pool of worker processes, each served once as a dispatcher,
+// held all 128, and every later dispatcher's inotify_init1 stalled for a kernel grace period,
+// failed, and fell back to polling.
+TEST_F(GpuPoolTest, WaitersServedHoldNoInotifyInstance) {
+  // None held, once the closes of earlier tests' instances (in the background) are done.
+  ASSERT_TRUE(InotifyInstancesFallTo(0)) << InotifyInstances() << " held";
+  GpuPool pool = Pool(1);
+  Lease holder = pool.acquire(Count(1));
+  // Three waiters, the three dispatchers, each through a pool of its own.
+  std::vector<std::unique_ptr<GpuPool>> pools;
+  std::vector<std::unique_ptr<BackgroundAcquire>> waiters;
+  for (int i = 0; i < 3; ++i) {
+    pools.push_back(std::make_unique<GpuPool>(Pool(1)));
+    waiters.push_back(std::make_unique<BackgroundAcquire>(*pools.back(), Waiting(Count(1))));
+    waiters.back()->WaitUntilWaiting();
+  }
+  EXPECT_GE(InotifyInstances(), 1) << "the oldest waiter follows releases";
+  holder.release();
+  for (auto& waiter : waiters) {
+    std::optional<Lease>& got = waiter->Finish();
+    ASSERT_TRUE(got) << Describe(waiter->failure());
+    got->release();
+  }
+  EXPECT_TRUE(InotifyInstancesFallTo(0)) << InotifyInstances() << " held";
+}
 
 TEST_F(GpuPoolTest, GarbageRecordInAHeldLockFileShowsLeasedWithoutHolder) {
   GpuPool pool = Pool(2);

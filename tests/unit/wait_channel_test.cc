@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "inotify_instances.h"
 #include "local/lock_directory.h"
 #include "local/queue_directory.h"
 #include "process/process_identity.h"
@@ -30,6 +31,8 @@ namespace gpulock {
 namespace {
 
 namespace fs = std::filesystem;
+using test_support::InotifyInstances;
+using test_support::InotifyInstancesFallTo;
 using test_support::TempDir;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
@@ -197,16 +200,6 @@ void KillAndReap(pid_t pid) {
 }
 
 // The inotify instances this process holds (fs.inotify.max_user_instances counts them).
-int InotifyInstances() {
-  int count = 0;
-  for (const auto& entry : fs::directory_iterator("/proc/self/fd")) {
-    std::error_code error;
-    const fs::path target = fs::read_symlink(entry.path(), error);
-    if (!error && target.string() == "anon_inode:inotify") ++count;
-  }
-  return count;
-}
-
 TEST_F(WaitChannelTest, EndOfWatchedProcessWakesWithQueueChange) {
   const pid_t other = SpawnSleeper();
   ASSERT_GT(other, 0);
@@ -270,7 +263,9 @@ TEST_F(WaitChannelTest, ReleaseAndProcessEndTogetherReportBoth) {
 // Issue 12: a thousand waiting jobs of one user must not need an inotify instance each (the
 // default limit is 128 per user); only the dispatchers, which follow releases, hold one.
 TEST_F(WaitChannelTest, AWaiterThatFollowsNoReleasesHoldsNoInotifyInstance) {
-  const int before = InotifyInstances();
+  // None held, once the closes of earlier tests' instances (in the background) are done.
+  ASSERT_TRUE(InotifyInstancesFallTo(0)) << InotifyInstances() << " held";
+  const int before = 0;
   const pid_t other = SpawnSleeper();
   OwnTicket mine = queue_->enter(MakeTicket(1));
   WaitChannel waiter;
@@ -280,6 +275,21 @@ TEST_F(WaitChannelTest, AWaiterThatFollowsNoReleasesHoldsNoInotifyInstance) {
   waiter.watch_releases(locks_.fd(), true);
   EXPECT_EQ(InotifyInstances(), before + 1);
   KillAndReap(other);
+}
+
+// A waiter that leaves the queue gives its instance back: kept by a process that waits no more,
+// it counted against the user's limit as long as the process lived, and a pool of worker
+// processes, each served once as a dispatcher, held all of them.
+TEST_F(WaitChannelTest, AChannelDestroyedGivesTheInotifyInstanceBack) {
+  // None held, once the closes of earlier tests' instances (in the background) are done.
+  ASSERT_TRUE(InotifyInstancesFallTo(0)) << InotifyInstances() << " held";
+  const int before = 0;
+  {
+    WaitChannel dispatcher;
+    dispatcher.watch_departures(queue_->fd(), true);
+    ASSERT_EQ(InotifyInstances(), before + 1);
+  }
+  EXPECT_TRUE(InotifyInstancesFallTo(before)) << InotifyInstances() << " held";
 }
 
 // --- timing out ---------------------------------------------------------------------------
@@ -366,55 +376,6 @@ TEST_F(WaitChannelTest, AnotherWaitersWakeDoesNotWake) {
   queue_->wake(other.ticket().id);
   ExpectStaysAsleep(mine.wake_fd());
   EXPECT_TRUE(Readable(other.wake_fd()));
-}
-
-// --- reset --------------------------------------------------------------------------------
-
-TEST_F(WaitChannelTest, ResetForgetsAQueuedRelease) {
-  channel_.watch_releases(locks_.fd(), true);
-  CloseWritten(LockPath("gpu-X.lock"));
-  channel_.reset();
-  ExpectStaysAsleep();
-}
-
-TEST_F(WaitChannelTest, ResetForgetsTheWatches) {
-  const pid_t other = SpawnSleeper();
-  channel_.watch_releases(locks_.fd(), true);
-  ASSERT_TRUE(channel_.watch_process(*process_id_of(other)));
-  channel_.reset();
-  EXPECT_FALSE(channel_.watching_process());
-  CloseWritten(LockPath("gpu-X.lock"));
-  KillAndReap(other);
-  ExpectStaysAsleep();
-}
-
-TEST_F(WaitChannelTest, WatchesWorkAgainAfterReset) {
-  const pid_t other = SpawnSleeper();
-  channel_.watch_releases(locks_.fd(), true);
-  ASSERT_TRUE(channel_.watch_process(*process_id_of(other)));
-  channel_.reset();
-  // The same watches as before the reset: they must really be set up again.
-  EXPECT_TRUE(channel_.watch_releases(locks_.fd(), true));
-  ASSERT_TRUE(channel_.watch_process(*process_id_of(other)));
-  CloseWritten(LockPath("gpu-X.lock"));
-  EXPECT_TRUE(channel_.wait(-1, kLong).release);
-  KillAndReap(other);
-  EXPECT_TRUE(channel_.wait(-1, kLong).queue_change);
-}
-
-TEST_F(WaitChannelTest, ResetChannelServesManyWaitersInTurn) {
-  // GpuPool keeps channels for reuse: each waiter's events are its own.
-  for (int round = 0; round < 5; ++round) {
-    const pid_t other = SpawnSleeper();
-    ASSERT_TRUE(channel_.watch_process(*process_id_of(other)));
-    channel_.watch_releases(locks_.fd(), round % 2 == 0);
-    CloseWritten(LockPath("gpu-X.lock"));
-    KillAndReap(other);
-    const WaitChannel::Wakeup woke = channel_.wait(-1, kLong);
-    EXPECT_TRUE(woke.queue_change) << "round " << round;
-    EXPECT_EQ(woke.release, round % 2 == 0) << "round " << round;
-    channel_.reset();
-  }
 }
 
 }  // namespace
