@@ -12,7 +12,7 @@
 namespace gpulock {
 
 // Closes `fd` in a short-lived thread of its own that takes no signal (util/signals_blocked.h),
-// or here where no thread can be started.
+// or here where no thread can be started, and in a process forked while such a thread ran.
 void close_in_background(UniqueFd fd);
 
 }  // namespace gpulock
