@@ -2,9 +2,9 @@
 //
 // Closing an inotify instance waits for a kernel grace period (the kernel flushes its pending
 // destruction of watches, system-wide, before it frees the instance): 8-16 ms on a busy
-// machine. A waiter that stops following releases gives its instance back at once, since a user
-// has only fs.inotify.max_user_instances of them (128 by default) for all their programs, but
-// must not make the request it serves wait for that.
+// machine. A waiter gives its instance back as soon as it leaves the queue, since a user has
+// only fs.inotify.max_user_instances of them (128 by default) for all their programs, but must
+// not make the request it serves wait for that.
 #pragma once
 
 #include "util/fd.h"

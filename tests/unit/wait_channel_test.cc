@@ -199,7 +199,6 @@ void KillAndReap(pid_t pid) {
   ::waitpid(pid, &status, 0);
 }
 
-// The inotify instances this process holds (fs.inotify.max_user_instances counts them).
 TEST_F(WaitChannelTest, EndOfWatchedProcessWakesWithQueueChange) {
   const pid_t other = SpawnSleeper();
   ASSERT_GT(other, 0);
