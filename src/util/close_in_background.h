@@ -11,8 +11,25 @@
 
 namespace gpulock {
 
-// Closes `fd` in a short-lived thread of its own that takes no signal (util/signals_blocked.h),
-// or here where no thread can be started, and in a process forked while such a thread ran.
+// Closes `fd` in a short-lived thread of its own that takes no signal (util/signals_blocked.h).
+// It closes here instead where no thread can be started, where kMaxBackgroundCloses are already
+// under way, and in a process forked from one that had started such a thread. A child forked
+// while a close is under way closes its copy of the descriptor at once: it does not own it.
 void close_in_background(UniqueFd fd);
+
+inline constexpr int kMaxBackgroundCloses = 64;
+
+// How many descriptors wait for their closer now.
+int background_closes_pending();
+
+// For tests: while one of these lives, the closer threads wait before they close, so a test can
+// fork, or fill every slot, while descriptors are still pending.
+class BackgroundClosesPausedForTest {
+ public:
+  BackgroundClosesPausedForTest();
+  ~BackgroundClosesPausedForTest();
+  BackgroundClosesPausedForTest(const BackgroundClosesPausedForTest&) = delete;
+  BackgroundClosesPausedForTest& operator=(const BackgroundClosesPausedForTest&) = delete;
+};
 
 }  // namespace gpulock
