@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "gpulock/error.hpp"
+#include "local/fork_guard.h"
 #include "local/lock_directory.h"
 #include "process/process_identity.h"
 #include "util/close_in_background.h"
@@ -46,6 +47,12 @@ void drain_wakeups(int fd, WaitChannel::Wakeup& woke) {
 WaitChannel::WaitChannel() = default;
 
 WaitChannel::~WaitChannel() {
+  give_back_inotify_instance();
+}
+
+void WaitChannel::give_back_inotify_instance() {
+  if (!inotify_fd_) return;
+  forget_in_forked_child(inotify_fd_.get());
   close_in_background(std::move(inotify_fd_));
 }
 
@@ -63,6 +70,9 @@ bool WaitChannel::watch_directory(int dir_fd, bool on, int& wd) {
       fall_back_to_polling();
       return true;
     }
+    // A child forked without exec (by another thread: Python multiprocessing) would otherwise
+    // hold this instance, against its user's limit, for as long as it lives.
+    close_in_forked_child(inotify_fd_.get());
   }
   // Watch the directory we hold open, not a path that could be swapped under us.
   const std::string path = "/proc/self/fd/" + std::to_string(dir_fd);
@@ -82,7 +92,7 @@ bool WaitChannel::watch_departures(int queue_dir_fd, bool on) {
 void WaitChannel::fall_back_to_polling() {
   // Out of inotify instances or watches: every wait() then reports "maybe" after at most
   // 100 ms, whatever was being watched.
-  close_in_background(std::move(inotify_fd_));
+  give_back_inotify_instance();
   polling_ = true;
   releases_wd_ = departures_wd_ = -1;
 }

@@ -32,6 +32,7 @@ class WaitChannel {
  public:
   WaitChannel();
   // Gives the inotify instance back, closing it in the background (util/close_in_background.h).
+  // A child forked without exec while the channel lives closes its copy at once.
   ~WaitChannel();
   WaitChannel(const WaitChannel&) = delete;
   WaitChannel& operator=(const WaitChannel&) = delete;
@@ -69,6 +70,8 @@ class WaitChannel {
   // Adds (on) or removes the IN_CLOSE_WRITE watch `wd` on the directory open at dir_fd.
   bool watch_directory(int dir_fd, bool on, int& wd);
   void fall_back_to_polling();
+  // Closes the inotify instance in the background, no longer closed by a forked child.
+  void give_back_inotify_instance();
   Wakeup drain();
   UniqueFd inotify_fd_;   // made when first needed (by a dispatcher)
   bool polling_ = false;  // a dispatcher without inotify

@@ -291,6 +291,22 @@ TEST_F(WaitChannelTest, AChannelDestroyedGivesTheInotifyInstanceBack) {
   EXPECT_TRUE(InotifyInstancesFallTo(before)) << InotifyInstances() << " held";
 }
 
+TEST_F(WaitChannelTest, AChildForkedWhileAChannelWatchesHoldsNoInotifyInstance) {
+  ASSERT_TRUE(InotifyInstancesFallTo(0)) << InotifyInstances() << " held";
+  WaitChannel dispatcher;
+  dispatcher.watch_releases(locks_.fd(), true);
+  ASSERT_EQ(InotifyInstances(), 1);
+  // What Python multiprocessing does while another thread waits: fork, and no exec.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(InotifyInstances());
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "instances the child kept";
+  EXPECT_EQ(InotifyInstances(), 1) << "the parent's own";
+}
+
 // --- timing out ---------------------------------------------------------------------------
 
 TEST_F(WaitChannelTest, NothingHappeningTimesOut) {
