@@ -227,7 +227,6 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       if (!dispatcher) {
         dispatcher = backup_dispatcher = true;
         channel->watch_releases(dir_.fd(), true);
-        if (QueueDirectory* queue = queue_dir(false)) channel->watch_departures(queue->fd(), true);
       }
       recheck_cheaply = true;
       // The oldest now: no longer a backup that lets releases wait backup_dispatcher_delay.
@@ -447,8 +446,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         oldest = k == 0;
         // Having just started to watch, look at the locks again: a release between our look
         // and the watch would otherwise go unnoticed.
-        const bool now_following = channel->watch_releases(dir_.fd(), dispatcher);
-        if (channel->watch_departures(queue.fd(), dispatcher) || now_following) {
+        if (channel->watch_releases(dir_.fd(), dispatcher)) {
           recheck_cheaply = true;
           continue;
         }

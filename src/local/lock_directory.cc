@@ -276,6 +276,8 @@ void LockDirectory::prepare(const std::vector<std::string>& uuids) const {
   make_root_owned(open_acquire_mutex().get(), kLockFileMode, "the acquire mutex file");
   if (const UniqueFd wake = open_acquire_wake())
     make_root_owned(wake.get(), kLockFileMode, "the acquire mutex's wake FIFO");
+  make_root_owned(open_shared_file(kDeparturesName).get(), kLockFileMode,
+                  "the queue's departures file");
   for (const auto& uuid : uuids)
     make_root_owned(open_lock_file(uuid).get(), kLockFileMode, lock_file_path(uuid).string());
 }
@@ -291,6 +293,24 @@ std::optional<nlink_t> LockDirectory::links_if_current(const struct stat& opened
 
 UniqueFd LockDirectory::open_acquire_mutex() const {
   return open_file(kAcquireMutexName, true);
+}
+
+UniqueFd LockDirectory::open_departures_beacon() const {
+  try {
+    return open_file(kDeparturesName, true);
+  } catch (const Error&) {
+    return UniqueFd();  // a planted or unusable file: announced by nobody, noticed all the same
+  }
+}
+
+LockDirectory LockDirectory::duplicate() const {
+  UniqueFd copy(::fcntl(dir_fd_.get(), F_DUPFD_CLOEXEC, 3));
+  if (!copy)
+    environment_error(errno_message("cannot duplicate descriptor of " + path_.string(), errno));
+  LockDirectory handle(path_, std::move(copy));
+  handle.warnings_ = warnings_;
+  handle.advice_ = advice_;
+  return handle;
 }
 
 UniqueFd LockDirectory::open_acquire_wake() const {

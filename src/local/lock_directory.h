@@ -63,6 +63,20 @@ class LockDirectory {
   static constexpr const char* kAcquireWakeName = ".acquire.wake";
   UniqueFd open_acquire_wake() const;
 
+  // The file whose closes announce that a waiter left the queue (".queue.departures", mode
+  // 0666): each waiter keeps a descriptor of its own open on it while it waits, and the close of
+  // that descriptor, by leaving or by dying, is an IN_CLOSE_WRITE in this directory, which the
+  // dispatchers watch for releases anyway. (The queue directory itself is not watched: adding
+  // the first watch on a directory marks every child dentry, thousands there, and every open in
+  // a watched directory takes its dentry's lock.) Opened read-write, created when missing; an
+  // empty descriptor where it cannot be used: departures then go unannounced, and the ring of
+  // waiters and the oldest waiter's re-check notice them instead.
+  static constexpr const char* kDeparturesName = ".queue.departures";
+  UniqueFd open_departures_beacon() const;
+
+  // Another handle on the same directory (its descriptor duplicated).
+  LockDirectory duplicate() const;
+
   // Another file shared read-write by every user (mode 0666), created complete when missing,
   // with the same checks as a lock file.
   UniqueFd open_shared_file(const std::string& name) const { return open_file(name, true); }

@@ -73,6 +73,7 @@ OwnTicket& OwnTicket::operator=(OwnTicket&& other) noexcept {
     ticket_ = std::move(other.ticket_);
     ticket_fd_ = std::move(other.ticket_fd_);
     wake_fd_ = std::move(other.wake_fd_);
+    departure_fd_ = std::move(other.departure_fd_);
   }
   return *this;
 }
@@ -90,10 +91,12 @@ void OwnTicket::leave() {
     // fork (their numbers may be someone else's by now).
     ticket_fd_.release();
     wake_fd_.release();
+    departure_fd_.release();
     return;
   }
   forget_in_forked_child(ticket_fd_.get());
   forget_in_forked_child(wake_fd_.get());
+  if (departure_fd_) forget_in_forked_child(departure_fd_.get());
   // The files first, the slot last: a SIGKILL between two of these steps leaves the slot, and
   // whoever next finds it dead removes what is left (remove_dead()). With the slot removed
   // first, a kill between the two unlinks left a file that only a sweep of the whole directory
@@ -104,6 +107,7 @@ void OwnTicket::leave() {
   if (index_) index_->remove(slot_, ticket_.seq);
   ticket_fd_.reset();
   wake_fd_.reset();
+  departure_fd_.reset();  // last: the dispatchers plan without this waiter
 }
 
 std::unique_ptr<QueueDirectory> QueueDirectory::open(const LockDirectory& locks, bool create) {
@@ -134,7 +138,8 @@ std::unique_ptr<QueueDirectory> QueueDirectory::open(const LockDirectory& locks,
           ErrorCode::kEnvironment,
           errno_message("cannot set mode 1777 on the queue directory " + path.string(), errno));
   }
-  return std::unique_ptr<QueueDirectory>(new QueueDirectory(LockDirectory::open(path)));
+  return std::unique_ptr<QueueDirectory>(
+      new QueueDirectory(LockDirectory::open(path), locks.duplicate()));
 }
 
 QueueDirectory::~QueueDirectory() {
@@ -230,6 +235,12 @@ void QueueDirectory::mark_served(uid_t uid) const {
   // Best effort: without the file, this user only loses ties it might have won.
 }
 
+UniqueFd QueueDirectory::open_departure_above(int fd) const {
+  UniqueFd departure = locks_.open_departures_beacon();
+  if (!departure || departure.get() > fd) return departure;
+  return UniqueFd(::fcntl(departure.get(), F_DUPFD_CLOEXEC, fd + 1));
+}
+
 bool QueueDirectory::is_live(const std::string& ticket_id) const {
   UniqueFd file(::openat(fd(), ticket_name(ticket_id).c_str(),
                          O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
@@ -275,6 +286,8 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
   if (!try_lock_exclusive(own.ticket_fd_.get())) fail("cannot lock " + name, EAGAIN);
   close_in_forked_child(own.wake_fd_.get());
   close_in_forked_child(own.ticket_fd_.get());
+  own.departure_fd_ = open_departure_above(own.ticket_fd_.get());
+  if (own.departure_fd_) close_in_forked_child(own.departure_fd_.get());
   // The slot first, for the seq; the ticket is locked already, so it counts as live from now.
   IndexEntry entry;
   entry.id = ticket.id;

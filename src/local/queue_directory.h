@@ -54,8 +54,9 @@ class OwnTicket {
   int wake_fd() const { return wake_fd_.get(); }
   void drain_wakeups() const;
   // Clears its index slot, removes the files and closes them (which tells whoever watches
-  // this ticket). In a child forked without exec it only forgets them: the ticket is the
-  // parent's, and fork closed the child's copies (so that the child does not keep it alive).
+  // this ticket, and the dispatchers). In a child forked without exec it only forgets them: the
+  // ticket is the parent's, and fork closed the child's copies (so that the child does not keep it
+  // alive).
   void leave();
 
  private:
@@ -67,6 +68,11 @@ class OwnTicket {
   Ticket ticket_;
   UniqueFd ticket_fd_;
   UniqueFd wake_fd_;
+  // Open on the lock directory's departures file while waiting: its close tells the dispatchers
+  // that this waiter left (LockDirectory::kDeparturesName). Numbered above the ticket's
+  // descriptor, so that a dying waiter's ticket is unlocked before the close is announced (a
+  // process's descriptors are closed in ascending order).
+  UniqueFd departure_fd_;
 };
 
 // The ticket an index entry stands for, with only what the index keeps (see read_ticket()).
@@ -145,7 +151,11 @@ class QueueDirectory {
   void prepare() const;
 
  private:
-  explicit QueueDirectory(LockDirectory dir) : dir_(std::move(dir)) {}
+  QueueDirectory(LockDirectory dir, LockDirectory locks)
+      : dir_(std::move(dir)), locks_(std::move(locks)) {}
+  // A new descriptor of the departures file numbered above `fd` (OwnTicket::departure_fd_);
+  // empty where the file cannot be used.
+  UniqueFd open_departure_above(int fd) const;
   // The index, opened (and created) on first use: views that only list never create it.
   QueueIndex& index() const;
   // A ticket read before; tickets never change once written, so only new files are parsed.
@@ -154,6 +164,7 @@ class QueueDirectory {
   void read_last_served(Listing& listing) const;
 
   LockDirectory dir_;
+  LockDirectory locks_;  // the lock directory it is in, for the departures file
   mutable std::mutex index_mutex_;
   mutable std::unique_ptr<QueueIndex> index_;
   struct OpenTicket {

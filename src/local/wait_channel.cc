@@ -56,11 +56,11 @@ void WaitChannel::give_back_inotify_instance() {
   close_in_background(std::move(inotify_fd_));
 }
 
-bool WaitChannel::watch_directory(int dir_fd, bool on, int& wd) {
-  if (polling_ || on == (wd >= 0)) return false;
+bool WaitChannel::watch_releases(int lock_dir_fd, bool on) {
+  if (polling_ || on == (releases_wd_ >= 0)) return false;
   if (!on) {
-    if (inotify_fd_) ::inotify_rm_watch(inotify_fd_.get(), wd);
-    wd = -1;
+    if (inotify_fd_) ::inotify_rm_watch(inotify_fd_.get(), releases_wd_);
+    releases_wd_ = -1;
     return false;
   }
   if (!inotify_fd_) {
@@ -75,18 +75,10 @@ bool WaitChannel::watch_directory(int dir_fd, bool on, int& wd) {
     close_in_forked_child(inotify_fd_.get());
   }
   // Watch the directory we hold open, not a path that could be swapped under us.
-  const std::string path = "/proc/self/fd/" + std::to_string(dir_fd);
-  wd = ::inotify_add_watch(inotify_fd_.get(), path.c_str(), IN_CLOSE_WRITE | IN_ONLYDIR);
-  if (wd < 0) fall_back_to_polling();
+  const std::string path = "/proc/self/fd/" + std::to_string(lock_dir_fd);
+  releases_wd_ = ::inotify_add_watch(inotify_fd_.get(), path.c_str(), IN_CLOSE_WRITE | IN_ONLYDIR);
+  if (releases_wd_ < 0) fall_back_to_polling();
   return true;
-}
-
-bool WaitChannel::watch_releases(int lock_dir_fd, bool on) {
-  return watch_directory(lock_dir_fd, on, releases_wd_);
-}
-
-bool WaitChannel::watch_departures(int queue_dir_fd, bool on) {
-  return watch_directory(queue_dir_fd, on, departures_wd_);
 }
 
 void WaitChannel::fall_back_to_polling() {
@@ -94,7 +86,7 @@ void WaitChannel::fall_back_to_polling() {
   // 100 ms, whatever was being watched.
   give_back_inotify_instance();
   polling_ = true;
-  releases_wd_ = departures_wd_ = -1;
+  releases_wd_ = -1;
 }
 
 bool WaitChannel::watch_process(const ProcessId& process) {
@@ -126,11 +118,13 @@ WaitChannel::Wakeup WaitChannel::drain() {
       offset += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
       if ((event->mask & IN_Q_OVERFLOW) != 0) {
         woke.release = woke.queue_change = true;  // events were lost: look at everything
-      } else if (event->wd == releases_wd_ && releases_wd_ >= 0) {
-        if (event->len > 0 && LockDirectory::is_lock_file_name(event->name)) woke.release = true;
-      } else if (event->wd == departures_wd_ && departures_wd_ >= 0) {
-        const std::string_view name = event->len > 0 ? event->name : "";
-        if (name.ends_with(".ticket")) woke.queue_change = true;
+      } else if (event->wd == releases_wd_ && releases_wd_ >= 0 && event->len > 0) {
+        const std::string_view name = event->name;
+        if (name == LockDirectory::kDeparturesName) {
+          woke.queue_change = true;
+        } else if (LockDirectory::is_lock_file_name(event->name)) {
+          woke.release = true;
+        }
       }
     }
   }

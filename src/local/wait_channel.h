@@ -8,9 +8,9 @@
 //     wakes, clears its slot, re-plans and wakes whoever that makes served;
 //   - for the three oldest waiters only (the dispatchers; three, so that waiters stopped with
 //     Ctrl-Z cannot hold up everyone unless three are), inotify on the lock directory
-//     (IN_CLOSE_WRITE on lock files): a lease ended, so they re-plan and wake whoever is served;
-//     and on the queue directory (the close of any ticket), so that a departure is acted on even
-//     if its ring watcher is stopped.
+//     (IN_CLOSE_WRITE): on a lock file, a lease ended, so they re-plan and wake whoever is
+//     served; on the departures file (LockDirectory::kDeparturesName), a waiter left, so that a
+//     departure is acted on even if its ring watcher is stopped.
 // Only dispatchers hold an inotify instance (fs.inotify.max_user_instances is 128 per user by
 // default: a sweep of a thousand waiting jobs must not need one each). A dispatcher that cannot
 // get one polls every 100 ms. Each waiting acquire() has a channel of its own, and gives its
@@ -37,14 +37,10 @@ class WaitChannel {
   WaitChannel(const WaitChannel&) = delete;
   WaitChannel& operator=(const WaitChannel&) = delete;
 
-  // Watches the lock directory open at lock_dir_fd for ended leases, or stops watching it.
-  // Returns true if it started watching just now (the caller must then look at the locks again).
+  // Watches the lock directory open at lock_dir_fd for ended leases and for waiters leaving the
+  // queue (death included; Wakeup::queue_change), or stops watching it. Returns true if it
+  // started watching just now (the caller must then look at the locks and the queue again).
   bool watch_releases(int lock_dir_fd, bool on);
-  // Watches the queue directory open at queue_dir_fd for waiters leaving it (the close of any
-  // ticket, death included), or stops watching it: the dispatchers re-plan then, so that a
-  // departure is acted on even when the one waiter watching that ticket is stopped. Returns
-  // true if it started watching just now (the caller must then look at the queue again).
-  bool watch_departures(int queue_dir_fd, bool on);
 
   // Watches `process` (another waiter: pid and start time) instead of any other, until it ends;
   // pid 0 watches none. Returns false if that process is gone already (its pid unused, or used
@@ -67,8 +63,6 @@ class WaitChannel {
   Wakeup wait(int wake_fd, std::chrono::milliseconds timeout);
 
  private:
-  // Adds (on) or removes the IN_CLOSE_WRITE watch `wd` on the directory open at dir_fd.
-  bool watch_directory(int dir_fd, bool on, int& wd);
   void fall_back_to_polling();
   // Closes the inotify instance in the background, no longer closed by a forked child.
   void give_back_inotify_instance();
@@ -76,7 +70,6 @@ class WaitChannel {
   UniqueFd inotify_fd_;   // made when first needed (by a dispatcher)
   bool polling_ = false;  // a dispatcher without inotify
   int releases_wd_ = -1;
-  int departures_wd_ = -1;
   UniqueFd process_fd_;  // pidfd of the watched waiter
   pid_t watched_pid_ = 0;
 };

@@ -285,7 +285,7 @@ TEST_F(WaitChannelTest, AChannelDestroyedGivesTheInotifyInstanceBack) {
   const int before = 0;
   {
     WaitChannel dispatcher;
-    dispatcher.watch_departures(queue_->fd(), true);
+    dispatcher.watch_releases(locks_.fd(), true);
     ASSERT_EQ(InotifyInstances(), before + 1);
   }
   EXPECT_TRUE(InotifyInstancesFallTo(before)) << InotifyInstances() << " held";
@@ -336,6 +336,68 @@ TEST_F(WaitChannelTest, ZeroTimeoutReturnsAtOnce) {
   const auto start = Clock::now();
   EXPECT_TRUE(channel_.wait(-1, milliseconds(0)).timed_out());
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));  // a hang, not a speed
+}
+
+// --- departures ---------------------------------------------------------------------------
+
+TEST_F(WaitChannelTest, AWaiterLeavingWakesADispatcherWithQueueChange) {
+  channel_.watch_releases(locks_.fd(), true);
+  OwnTicket other = queue_->enter(MakeTicket(1));
+  ExpectStaysAsleep();  // joining announces nothing
+  const WaitChannel::Wakeup woke = WaitAcross([&] { other.leave(); }, -1, "the waiter left");
+  EXPECT_TRUE(woke.queue_change);
+  EXPECT_FALSE(woke.release);
+  ExpectStaysAsleep();
+}
+
+TEST_F(WaitChannelTest, WakingAWaiterDoesNotWakeTheDispatchers) {
+  // A planner's wake writes to the waiter's FIFO and closes it: no departure.
+  channel_.watch_releases(locks_.fd(), true);
+  OwnTicket other = queue_->enter(MakeTicket(1));
+  queue_->wake(other.ticket().id);
+  ExpectStaysAsleep();
+}
+
+// A waiter in a child process, killed once it has forked a grandchild without exec (Python
+// multiprocessing) that lives on: its departure is announced all the same, and only once its
+// ticket is unlocked.
+TEST_F(WaitChannelTest, AWaiterKilledWhileItsForkedChildLivesWakesADispatcher) {
+  Ticket t = MakeTicket(1);
+  int ready[2];
+  ASSERT_EQ(::pipe2(ready, O_CLOEXEC), 0);
+  const pid_t waiter = ::fork();
+  ASSERT_GE(waiter, 0);
+  if (waiter == 0) {
+    t.process = self_process_id();
+    const auto queue = QueueDirectory::open(LockDirectory::open(locks_.path()), false);
+    OwnTicket own = queue->enter(t);
+    if (::fork() == 0) {
+      // It outlives the test's wait (the test kills it), off the test's output.
+      const int null = ::open("/dev/null", O_RDWR);
+      for (int fd = 0; fd <= 2; ++fd) ::dup2(null, fd);
+      const pid_t self = ::getpid();
+      if (::write(ready[1], &self, sizeof self) != sizeof self) ::_exit(1);
+      ::sleep(300);
+      ::_exit(0);
+    }
+    while (true) ::pause();
+  }
+  ::close(ready[1]);
+  pid_t grandchild = 0;
+  ASSERT_EQ(::read(ready[0], &grandchild, sizeof grandchild), sizeof grandchild);
+  ::close(ready[0]);
+  struct KilledAtTheEnd {
+    pid_t pid;
+    ~KilledAtTheEnd() { ::kill(pid, SIGKILL); }
+  } grandchild_ends{grandchild};
+  ASSERT_TRUE(queue_->is_live(t.id));
+  channel_.watch_releases(locks_.fd(), true);
+  const WaitChannel::Wakeup woke =
+      WaitAcross([&] { ::kill(waiter, SIGKILL); }, -1, "the waiter was killed");
+  EXPECT_TRUE(woke.queue_change);
+  EXPECT_FALSE(queue_->is_live(t.id)) << "announced before the ticket was unlocked";
+  int status = 0;
+  ASSERT_EQ(::waitpid(waiter, &status, 0), waiter);
 }
 
 // --- the wake FIFO ------------------------------------------------------------------------
