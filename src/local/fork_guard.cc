@@ -19,8 +19,9 @@ struct Guarded {
   const char* name = nullptr;
 };
 
-// More waiting threads than this in one process keep their descriptors in a forked child.
-constexpr std::size_t kSlots = 256;
+// Each waiting thread guards three descriptors (its ticket, wake FIFO and departures file).
+// Beyond this many descriptors, one process's waiters keep theirs in a forked child.
+constexpr std::size_t kSlots = 768;
 std::array<Guarded, kSlots> guarded;
 
 // An entry's fd: -1 free, -2 being filled in by guard(), else the descriptor.

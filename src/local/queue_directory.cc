@@ -46,11 +46,16 @@ std::string id_of(const std::string& name, std::string_view suffix) {
   return is_lease_id(id) ? id : "";
 }
 
+// The same open file, numbered above `floor` (dup'd if it is not).
+UniqueFd above(UniqueFd fd, int floor) {
+  if (!fd || fd.get() > floor) return fd;
+  return UniqueFd(::fcntl(fd.get(), F_DUPFD_CLOEXEC, floor + 1));
+}
+
 // Keeps descriptors 0-2 free: a caller running with stdio closed would otherwise take a ticket
 // for its standard output.
 UniqueFd above_stdio(UniqueFd fd) {
-  if (!fd || fd.get() > 2) return fd;
-  return UniqueFd(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3));
+  return above(std::move(fd), 2);
 }
 
 // The file's bytes, at most kMaxTicketSize + 1 (more means too big). `size_hint` (the size fstat
@@ -235,12 +240,6 @@ void QueueDirectory::mark_served(uid_t uid) const {
   // Best effort: without the file, this user only loses ties it might have won.
 }
 
-UniqueFd QueueDirectory::open_departure_above(int fd) const {
-  UniqueFd departure = locks_.open_departures_beacon();
-  if (!departure || departure.get() > fd) return departure;
-  return UniqueFd(::fcntl(departure.get(), F_DUPFD_CLOEXEC, fd + 1));
-}
-
 bool QueueDirectory::is_live(const std::string& ticket_id) const {
   UniqueFd file(::openat(fd(), ticket_name(ticket_id).c_str(),
                          O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
@@ -263,6 +262,9 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
   OwnTicket own;
   own.dir_fd_ = fd();
   own.owner_pid_ = current_pid();
+  // The departures file first, so that the ticket is numbered above it (OwnTicket's
+  // departure_fd_); guarded against forks once the ticket is, below.
+  own.departure_fd_ = above_stdio(locks_.open_departures_beacon());
 
   // The wake FIFO first: once the ticket is visible, others may wake us.
   const std::string wake = wake_name(ticket.id);
@@ -277,8 +279,10 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
   if (::fchmod(own.wake_fd_.get(), kWakeMode) != 0) fail("cannot set the mode of " + wake, errno);
 
   const std::string name = ticket_name(ticket.id);
-  own.ticket_fd_ = above_stdio(UniqueFd(::openat(
-      fd(), name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600)));
+  own.ticket_fd_ =
+      above(UniqueFd(::openat(fd(), name.c_str(),
+                              O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600)),
+            std::max(2, own.departure_fd_.get()));
   if (!own.ticket_fd_) fail("cannot create " + name, errno);
   made_ticket = true;
   if (::fchmod(own.ticket_fd_.get(), kTicketMode) != 0)
@@ -286,7 +290,6 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
   if (!try_lock_exclusive(own.ticket_fd_.get())) fail("cannot lock " + name, EAGAIN);
   close_in_forked_child(own.wake_fd_.get());
   close_in_forked_child(own.ticket_fd_.get());
-  own.departure_fd_ = open_departure_above(own.ticket_fd_.get());
   if (own.departure_fd_) close_in_forked_child(own.departure_fd_.get());
   // The slot first, for the seq; the ticket is locked already, so it counts as live from now.
   IndexEntry entry;

@@ -69,9 +69,10 @@ class OwnTicket {
   UniqueFd ticket_fd_;
   UniqueFd wake_fd_;
   // Open on the lock directory's departures file while waiting: its close tells the dispatchers
-  // that this waiter left (LockDirectory::kDeparturesName). Numbered above the ticket's
-  // descriptor, so that a dying waiter's ticket is unlocked before the close is announced (a
-  // process's descriptors are closed in ascending order).
+  // that this waiter left (LockDirectory::kDeparturesName). Numbered below the ticket's
+  // descriptor, so that a dying waiter's ticket is unlocked before the close is announced: a
+  // dying process's descriptors are taken in ascending order, but the closes themselves run
+  // last-taken first (deferred task work).
   UniqueFd departure_fd_;
 };
 
@@ -153,9 +154,6 @@ class QueueDirectory {
  private:
   QueueDirectory(LockDirectory dir, LockDirectory locks)
       : dir_(std::move(dir)), locks_(std::move(locks)) {}
-  // A new descriptor of the departures file numbered above `fd` (OwnTicket::departure_fd_);
-  // empty where the file cannot be used.
-  UniqueFd open_departure_above(int fd) const;
   // The index, opened (and created) on first use: views that only list never create it.
   QueueIndex& index() const;
   // A ticket read before; tickets never change once written, so only new files are parsed.

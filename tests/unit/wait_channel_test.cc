@@ -382,14 +382,18 @@ TEST_F(WaitChannelTest, AWaiterKilledWhileItsForkedChildLivesWakesADispatcher) {
     }
     while (true) ::pause();
   }
+  struct KilledAtTheEnd {
+    pid_t pid;
+    ~KilledAtTheEnd() {
+      if (pid > 0) ::kill(pid, SIGKILL);
+    }
+  };
+  KilledAtTheEnd waiter_ends{waiter};  // unless the test kills and reaps it first
   ::close(ready[1]);
   pid_t grandchild = 0;
   ASSERT_EQ(::read(ready[0], &grandchild, sizeof grandchild), sizeof grandchild);
   ::close(ready[0]);
-  struct KilledAtTheEnd {
-    pid_t pid;
-    ~KilledAtTheEnd() { ::kill(pid, SIGKILL); }
-  } grandchild_ends{grandchild};
+  const KilledAtTheEnd grandchild_ends{grandchild};
   ASSERT_TRUE(queue_->is_live(t.id));
   channel_.watch_releases(locks_.fd(), true);
   const WaitChannel::Wakeup woke =
@@ -398,6 +402,7 @@ TEST_F(WaitChannelTest, AWaiterKilledWhileItsForkedChildLivesWakesADispatcher) {
   EXPECT_FALSE(queue_->is_live(t.id)) << "announced before the ticket was unlocked";
   int status = 0;
   ASSERT_EQ(::waitpid(waiter, &status, 0), waiter);
+  waiter_ends.pid = 0;
 }
 
 // --- the wake FIFO ------------------------------------------------------------------------
