@@ -3,9 +3,12 @@
 // The descriptors on their way out are listed in a fixed table of slots (fd + 1; 0 is free), so
 // that a child forked before a closer reached its descriptor can close the copy it inherited:
 // without that, a fork-without-exec child (Python multiprocessing) would hold the parent's
-// inotify instance for its whole life. A closer empties its slot just before close(), and
-// close() takes the descriptor out of the table at once (the grace period comes after), so a
-// child inherits an unlisted copy only if the fork falls between those two steps.
+// inotify instance for its whole life. fork() copies the descriptor table before the memory,
+// while the parent's other threads run on, so slots are only filled and emptied behind a gate
+// that the atfork prepare handler takes: a listed descriptor is open, and ours, in the child's
+// table too. A closer empties its slot just before close(), and close() takes the descriptor out of
+// the table at once (the grace period comes after), so a child inherits an unlisted copy only
+// if the fork falls between those two steps.
 //
 // Threads are started with pthread_create, not std::thread: nothing is allocated, so a failure
 // is a return code and the descriptor is closed here, never leaked.
@@ -17,6 +20,7 @@
 
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 
 #include "util/signals_blocked.h"
@@ -25,23 +29,51 @@ namespace gpulock {
 namespace {
 
 std::array<std::atomic<int>, kMaxBackgroundCloses> pending_closes{};  // fd + 1, or 0
-// Set once this process has started a closer thread; a child forked after that starts none.
-std::atomic<bool> closer_started{false};
-// Set in a child forked from a process that had started one: POSIX allows a child of a
-// multi-threaded process only async-signal-safe calls, and ThreadSanitizer ends one that
-// starts a thread. Whether the closers had finished is not known exactly (a thread that has
-// counted itself out may still be exiting), so any earlier start counts.
+// Held while a slot is filled or emptied, and across fork() (taken only with every signal
+// blocked, so that a fork from a signal handler cannot find its own thread holding it).
+pthread_mutex_t fork_gate = PTHREAD_MUTEX_INITIALIZER;
+// Closer threads started and not yet finished.
+std::atomic<int> closers_running{0};
+// Set in a child forked while a closer ran: POSIX allows a child of a multi-threaded process
+// only async-signal-safe calls, so it starts no thread and closes in place. (Under
+// ThreadSanitizer, which ends a process that starts a thread after such a fork, any closer
+// ever started counts: one that has counted itself out may still be exiting.)
 std::atomic<bool> no_threads_after_fork{false};
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kAnyCloserEverStartedCounts = true;
+#else
+constexpr bool kAnyCloserEverStartedCounts = false;
+#endif
+std::atomic<bool> closer_started{false};
 std::atomic<int> paused_for_test{0};
 
+void lock_fork_gate() {
+  ::pthread_mutex_lock(&fork_gate);
+}
+void unlock_fork_gate() {
+  ::pthread_mutex_unlock(&fork_gate);
+}
+
 void close_inherited_copies_in_child() {
-  if (closer_started.load()) no_threads_after_fork.store(true);
-  // Only async-signal-safe calls here. Each listed descriptor is a copy the parent's closers
-  // will close there; closing it here is not the last reference, so it does not block.
+  if (closers_running.load() > 0 || (kAnyCloserEverStartedCounts && closer_started.load()))
+    no_threads_after_fork.store(true);
+  closers_running.store(0);  // they did not come along
+  // Only async-signal-safe calls here. Each listed descriptor is a copy that a closer of the
+  // parent's will close there; this close is usually not the last reference, so it rarely
+  // waits for a grace period.
   for (auto& slot : pending_closes) {
     const int listed = slot.exchange(0);
     if (listed > 0) ::close(listed - 1);
   }
+  unlock_fork_gate();
+}
+
+// Empties the slot, behind the gate; returns the descriptor it listed, or -1.
+int take_listed(std::size_t slot_index) {
+  lock_fork_gate();
+  const int listed = pending_closes[slot_index].exchange(0);
+  unlock_fork_gate();
+  return listed - 1;
 }
 
 void* close_slot(void* slot_index) {
@@ -49,52 +81,68 @@ void* close_slot(void* slot_index) {
     const timespec a_millisecond{0, 1'000'000};
     ::nanosleep(&a_millisecond, nullptr);
   }
-  auto& slot = pending_closes[reinterpret_cast<std::uintptr_t>(slot_index)];
-  const int listed = slot.exchange(0);
-  if (listed > 0) ::close(listed - 1);
+  const int fd = take_listed(reinterpret_cast<std::uintptr_t>(slot_index));
+  if (fd >= 0) ::close(fd);
+  closers_running.fetch_sub(1);
   return nullptr;
 }
 
-// A free slot's index, now holding `fd`; or -1 where every slot is taken.
+// A free slot's index, now holding `fd`; or -1 where every slot is taken. Behind the gate.
 int list_pending(int fd) {
-  for (std::size_t i = 0; i < pending_closes.size(); ++i) {
+  lock_fork_gate();
+  int found = -1;
+  for (std::size_t i = 0; i < pending_closes.size() && found < 0; ++i) {
     int expected = 0;
-    if (pending_closes[i].compare_exchange_strong(expected, fd + 1)) return static_cast<int>(i);
+    if (pending_closes[i].compare_exchange_strong(expected, fd + 1)) found = static_cast<int>(i);
   }
-  return -1;
+  unlock_fork_gate();
+  return found;
 }
 
 bool start_closer(int slot_index) {
+  void* const argument = reinterpret_cast<void*>(static_cast<std::uintptr_t>(slot_index));
   pthread_attr_t attributes;
   if (::pthread_attr_init(&attributes) != 0) return false;
   ::pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
-  ::pthread_attr_setstacksize(&attributes, 64 * 1024);  // it only closes
+  // It only closes; glibc takes the program's static TLS out of this too.
+  ::pthread_attr_setstacksize(&attributes, 256 * 1024);
   pthread_t closer;
-  // The thread inherits the mask: it must not take the signals the program reads itself.
-  const SignalsBlocked blocked;
-  const bool started =
-      ::pthread_create(&closer, &attributes, close_slot,
-                       reinterpret_cast<void*>(static_cast<std::uintptr_t>(slot_index))) == 0;
+  int error = ::pthread_create(&closer, &attributes, close_slot, argument);
+  if (error == EINVAL) {
+    // A program whose static TLS does not fit: the default stack size.
+    pthread_attr_t plain;
+    if (::pthread_attr_init(&plain) == 0) {
+      ::pthread_attr_setdetachstate(&plain, PTHREAD_CREATE_DETACHED);
+      error = ::pthread_create(&closer, &plain, close_slot, argument);
+      ::pthread_attr_destroy(&plain);
+    }
+  }
   ::pthread_attr_destroy(&attributes);
-  return started;
+  return error == 0;
 }
 
 }  // namespace
 
 void close_in_background(UniqueFd fd) {
   if (!fd) return;
-  // Registered before the first closer starts; a child inherits the handler.
+  // Registered before the first closer starts; a child inherits the handlers.
   static const bool fork_handled =
-      ::pthread_atfork(nullptr, nullptr, close_inherited_copies_in_child) == 0;
+      ::pthread_atfork(lock_fork_gate, unlock_fork_gate, close_inherited_copies_in_child) == 0;
   if (!fork_handled || no_threads_after_fork.load()) return;  // fd closes here
+  // Every signal blocked: the gate must not be held by a thread that a handler interrupts, and
+  // the closer inherits the mask (it must not take the signals the program reads itself).
+  const SignalsBlocked blocked;
   const int slot_index = list_pending(fd.get());
   if (slot_index < 0) return;  // every slot taken: fd closes here
-  closer_started.store(true);  // before the thread exists, so no fork can miss it
+  // Counted before the thread exists, so that no fork can miss it.
+  closer_started.store(true);
+  closers_running.fetch_add(1);
   if (start_closer(slot_index)) {
     fd.release();  // the closer owns it now
     return;
   }
-  pending_closes[static_cast<std::size_t>(slot_index)].store(0);  // fd closes here
+  closers_running.fetch_sub(1);
+  take_listed(static_cast<std::size_t>(slot_index));  // fd closes here
 }
 
 int background_closes_pending() {

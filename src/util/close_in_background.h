@@ -13,8 +13,8 @@ namespace gpulock {
 
 // Closes `fd` in a short-lived thread of its own that takes no signal (util/signals_blocked.h).
 // It closes here instead where no thread can be started, where kMaxBackgroundCloses are already
-// under way, and in a process forked from one that had started such a thread. A child forked
-// while a close is under way closes its copy of the descriptor at once: it does not own it.
+// under way, and in a process forked while such a thread ran. A child forked while a close is
+// pending closes its copy of the descriptor at once: it does not own it.
 void close_in_background(UniqueFd fd);
 
 inline constexpr int kMaxBackgroundCloses = 64;

@@ -72,10 +72,12 @@ TEST(CloseInBackgroundTest, AChildForkedWhileACloseIsPendingDoesNotKeepTheInstan
   EXPECT_TRUE(InotifyInstancesFallTo(0));
 }
 
-TEST(CloseInBackgroundTest, AChildOfAProcessThatStartedClosersClosesInPlace) {
-  // A thread started here: what a child inherits from a process with closers.
-  close_in_background(UniqueFd(::eventfd(0, EFD_CLOEXEC)));
-  const BackgroundClosesPausedForTest paused;  // a closer the child started would wait
+TEST(CloseInBackgroundTest, AChildForkedWhileACloserRunsClosesInPlace) {
+  const BackgroundClosesPausedForTest paused;  // a closer the child started would wait too
+  const int running = ::eventfd(0, EFD_CLOEXEC);
+  ASSERT_GE(running, 0);
+  close_in_background(UniqueFd(running));
+  ASSERT_EQ(background_closes_pending(), 1) << "no closer thread could be started";
   const int status = RunInChild([] {
     const int fd = ::eventfd(0, EFD_CLOEXEC);
     if (fd < 0) return 2;
