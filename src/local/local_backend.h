@@ -117,6 +117,8 @@ class LocalBackend final : public LeaseBackend {
   QueueStatus queue_status(const std::vector<Device>* devices = nullptr);
   // `gpulock doctor`'s check of the usage journal's directory.
   DoctorCheck journal_check() const;
+  // Whether waiters can announce their departures (LockDirectory::kDeparturesName).
+  DoctorCheck departures_check() const;
   // The user name of a uid, cached: planning asks for it often.
   const std::string& user_of(uid_t uid);
 

@@ -1,4 +1,5 @@
 // LocalBackend::doctor(): the checks of the local (file) backend's set-up.
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <fmt/format.h>
@@ -35,6 +36,24 @@ DoctorCheck LocalBackend::journal_check() const {
   return {Level::kOk, "usage journal", where};
 }
 
+DoctorCheck LocalBackend::departures_check() const {
+  using Level = DoctorCheck::Level;
+  const char* const what = "queue departures";
+  struct stat st {};
+  if (::fstatat(dir_.fd(), LockDirectory::kDeparturesName, &st, AT_SYMLINK_NOFOLLOW) != 0)
+    return {Level::kOk, what, "announced (the file is made at the first wait)"};
+  try {
+    dir_.open_shared_file(LockDirectory::kDeparturesName);
+  } catch (const Error& error) {
+    return {Level::kWarning, what,
+            fmt::format("waiters that leave are not announced to the queue's dispatchers (they "
+                        "notice them later, through the waiter behind or a periodic re-check): "
+                        "{}",
+                        error.what())};
+  }
+  return {Level::kOk, what, "announced"};
+}
+
 std::vector<DoctorCheck> LocalBackend::doctor() {
   using Level = DoctorCheck::Level;
   std::vector<DoctorCheck> checks;
@@ -56,6 +75,7 @@ std::vector<DoctorCheck> LocalBackend::doctor() {
   }
   checks.push_back({Level::kOk, "config",
                     config_.source.empty() ? "no config file (defaults)" : config_.source});
+  checks.push_back(departures_check());
   checks.push_back(journal_check());
   if (file_journal_ && checks.back().level == Level::kOk)
     if (auto seal = journal_seal_check(file_journal_->location())) checks.push_back(*seal);

@@ -585,3 +585,27 @@ def test_waiting_log_line_when_not_a_terminal(gl):
     assert "\r" not in waiter.stderr() and "\033" not in waiter.stderr()
     holder.kill_group()
     assert waiter.wait(timeout=HANG) == 0, waiter.describe()
+
+
+def test_a_planted_departures_file_is_reported_and_the_queue_still_serves(gl):
+    """Waiters announce their departures through <lock dir>/.queue.departures. A symlink planted
+    there is not followed: `doctor` says departures go unannounced, and waiters are served."""
+    env = gl.env(fake=1)
+    doctor = gl.run("doctor", env=env)
+    line = [l for l in doctor.stdout.splitlines() if "queue departures" in l]
+    assert len(line) == 1 and line[0].startswith("ok"), doctor.stdout
+    planted_target = gl.tmp / "not-ours"
+    planted_target.write_text("someone's file\n")
+    (gl.lock_dir / ".queue.departures").symlink_to(planted_target)
+    doctor = gl.run("doctor", env=env)
+    line = [l for l in doctor.stdout.splitlines() if "queue departures" in l]
+    assert len(line) == 1 and line[0].startswith("warning"), doctor.stdout
+    assert "symbolic link" in line[0], line[0]
+
+    holder, _ = gl.hold("-n", "1", env=env)
+    waiter = gl.spawn("run", "-n", "1", "--", "true", env=env)
+    wait_until(lambda: json.loads(gl.run("queue", "--json", env=env).stdout)["waiting"],
+               what="the waiter to queue")
+    os.kill(holder.pid, signal.SIGTERM)
+    assert waiter.wait(HANG) == 0, waiter.describe()
+    assert planted_target.read_text() == "someone's file\n"
