@@ -10,6 +10,8 @@
 #include <atomic>
 #include <mutex>
 
+#include "util/fork_gate.h"
+
 namespace gpulock {
 namespace {
 
@@ -51,6 +53,8 @@ void in_forked_child() {
 void guard(int fd, int dir_fd, const char* name) {
   static std::once_flag once;
   std::call_once(once, [] { ::pthread_atfork(nullptr, nullptr, in_forked_child); });
+  // The table changes behind the gate: fork() copies descriptors and memory at different times.
+  const ForkGate gate;
   for (Guarded& g : guarded) {
     // Claimed first, then filled in, then published: a fork in between sees no half entry.
     int expected = kFree;
@@ -73,6 +77,7 @@ void reopen_in_forked_child(int fd, int dir_fd, const char* name) {
 }
 
 void forget_in_forked_child(int fd) {
+  const ForkGate gate;
   for (Guarded& g : guarded) {
     int expected = fd;
     if (g.fd.compare_exchange_strong(expected, -1)) return;

@@ -4,11 +4,11 @@
 // that a child forked before a closer reached its descriptor can close the copy it inherited:
 // without that, a fork-without-exec child (Python multiprocessing) would hold the parent's
 // inotify instance for its whole life. fork() copies the descriptor table before the memory,
-// while the parent's other threads run on, so slots are only filled and emptied behind a gate
-// that the atfork prepare handler takes: a listed descriptor is open, and ours, in the child's
-// table too. A closer empties its slot just before close(), and close() takes the descriptor out of
-// the table at once (the grace period comes after), so a child inherits an unlisted copy only
-// if the fork falls between those two steps.
+// while the parent's other threads run on, so slots are only filled and emptied behind the
+// ForkGate (util/fork_gate.h): a listed descriptor is open, and ours, in the child's table too. A
+// closer empties its slot just before close(), and close() takes the descriptor out of the table at
+// once (the grace period comes after), so a child inherits an unlisted copy only if the fork falls
+// between those two steps.
 //
 // Threads are started with pthread_create, not std::thread: nothing is allocated, so a failure
 // is a return code and the descriptor is closed here, never leaked.
@@ -23,15 +23,13 @@
 #include <cerrno>
 #include <cstdint>
 
+#include "util/fork_gate.h"
 #include "util/signals_blocked.h"
 
 namespace gpulock {
 namespace {
 
 std::array<std::atomic<int>, kMaxBackgroundCloses> pending_closes{};  // fd + 1, or 0
-// Held while a slot is filled or emptied, and across fork() (taken only with every signal
-// blocked, so that a fork from a signal handler cannot find its own thread holding it).
-pthread_mutex_t fork_gate = PTHREAD_MUTEX_INITIALIZER;
 // Closer threads started and not yet finished.
 std::atomic<int> closers_running{0};
 // Set in a child forked while a closer ran: POSIX allows a child of a multi-threaded process
@@ -47,13 +45,6 @@ constexpr bool kAnyCloserEverStartedCounts = false;
 std::atomic<bool> closer_started{false};
 std::atomic<int> paused_for_test{0};
 
-void lock_fork_gate() {
-  ::pthread_mutex_lock(&fork_gate);
-}
-void unlock_fork_gate() {
-  ::pthread_mutex_unlock(&fork_gate);
-}
-
 void close_inherited_copies_in_child() {
   if (closers_running.load() > 0 || (kAnyCloserEverStartedCounts && closer_started.load()))
     no_threads_after_fork.store(true);
@@ -65,15 +56,12 @@ void close_inherited_copies_in_child() {
     const int listed = slot.exchange(0);
     if (listed > 0) ::close(listed - 1);
   }
-  unlock_fork_gate();
 }
 
 // Empties the slot, behind the gate; returns the descriptor it listed, or -1.
 int take_listed(std::size_t slot_index) {
-  lock_fork_gate();
-  const int listed = pending_closes[slot_index].exchange(0);
-  unlock_fork_gate();
-  return listed - 1;
+  const ForkGate gate;
+  return pending_closes[slot_index].exchange(0) - 1;
 }
 
 void* close_slot(void* slot_index) {
@@ -89,14 +77,12 @@ void* close_slot(void* slot_index) {
 
 // A free slot's index, now holding `fd`; or -1 where every slot is taken. Behind the gate.
 int list_pending(int fd) {
-  lock_fork_gate();
-  int found = -1;
-  for (std::size_t i = 0; i < pending_closes.size() && found < 0; ++i) {
+  const ForkGate gate;
+  for (std::size_t i = 0; i < pending_closes.size(); ++i) {
     int expected = 0;
-    if (pending_closes[i].compare_exchange_strong(expected, fd + 1)) found = static_cast<int>(i);
+    if (pending_closes[i].compare_exchange_strong(expected, fd + 1)) return static_cast<int>(i);
   }
-  unlock_fork_gate();
-  return found;
+  return -1;
 }
 
 bool start_closer(int slot_index) {
@@ -127,7 +113,7 @@ void close_in_background(UniqueFd fd) {
   if (!fd) return;
   // Registered before the first closer starts; a child inherits the handlers.
   static const bool fork_handled =
-      ::pthread_atfork(lock_fork_gate, unlock_fork_gate, close_inherited_copies_in_child) == 0;
+      ::pthread_atfork(nullptr, nullptr, close_inherited_copies_in_child) == 0;
   if (!fork_handled || no_threads_after_fork.load()) return;  // fd closes here
   // Every signal blocked: the gate must not be held by a thread that a handler interrupts, and
   // the closer inherits the mask (it must not take the signals the program reads itself).
