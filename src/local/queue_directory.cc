@@ -263,8 +263,9 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
   own.dir_fd_ = fd();
   own.owner_pid_ = current_pid();
   // The departures file first, so that the ticket is numbered above it (OwnTicket's
-  // departure_fd_); guarded against forks once the ticket is, below.
-  own.departure_fd_ = above_stdio(locks_.open_departures_beacon());
+  // departure_fd_); guarded against forks once the ticket is, below. (Like every file the lock
+  // directory opens, it is numbered above stdio already.)
+  own.departure_fd_ = locks_.open_departures_beacon();
 
   // The wake FIFO first: once the ticket is visible, others may wake us.
   const std::string wake = wake_name(ticket.id);
