@@ -96,6 +96,11 @@ void write_records(const std::string& path, const std::vector<Record>& records) 
 //   flock-hold, flock-churn: the kernel's floor for the same churn, without gpulock: files
 //          flock-0 .. flock-3 in GPULOCK_DIR stand for the 4 GPUs; the holder flock(2)s all of
 //          them, and worker i loops blocking flock(LOCK_EX) / flock(LOCK_UN) on file i % 4.
+//   ring-churn: the kernel's floor for a fair hand-off: P workers in a ring of FIFOs ring-1 ..
+//          ring-P in GPULOCK_DIR (made by the parent; `count` is P), 4 tokens (one per GPU) that
+//          the parent puts in. Worker i loops: a blocking read of its FIFO (a token: a lease of
+//          that GPU; 'q': stop), then writes the token to worker i + 1's FIFO. Each lease costs
+//          what any fair queue must pay at least: one wake-up of the next process, in order.
 // Lease times are kept in memory and written to `records_path` at exit (not sent one by one, so
 // that the parent need not run during the measurement).
 // The flock(2) file standing for simulated GPU `gpu` (flock-hold, flock-churn); it stays open
@@ -148,8 +153,44 @@ int flock_worker_main(const std::string& kind, int index, unsigned count,
   return 0;
 }
 
+// The FIFO of ring worker `index` (1 .. P), in GPULOCK_DIR.
+std::string ring_fifo(int index) {
+  const char* dir = std::getenv("GPULOCK_DIR");
+  return std::string(dir ? dir : ".") + "/ring-" + std::to_string(index);
+}
+
+int ring_worker_main(int index, unsigned processes, const std::string& records_path,
+                     const std::string& end_file) {
+  // Both ends read-write: opening never blocks, and a writer never meets a FIFO without readers.
+  const int mine = ::open(ring_fifo(index).c_str(), O_RDWR | O_CLOEXEC);
+  const int next =
+      ::open(ring_fifo(index % static_cast<int>(processes) + 1).c_str(), O_RDWR | O_CLOEXEC);
+  if (mine < 0 || next < 0) return 5;
+  std::vector<Record> records;
+  std::int64_t end = -1;
+  while (true) {
+    char token = 0;
+    if (!gpulock_bench::read_all(mine, &token, 1)) return 5;
+    if (token == 'q') break;
+    Record r;
+    r.t_acq = now_ns();
+    r.worker = index;
+    r.pid = ::getpid();
+    r.waited = 1;
+    r.gpu = token;
+    r.t_rel = now_ns();
+    if (!gpulock_bench::write_all(next, &token, 1)) return 5;
+    records.push_back(r);
+    if (end < 0 && (end = read_end(end_file)) < 0) return 4;
+    if (r.t_acq >= end) break;
+  }
+  write_records(records_path, records);
+  return 0;
+}
+
 int worker_main(const std::string& kind, int index, unsigned count, const std::string& records_path,
                 const std::string& end_file, std::int64_t max_hold_us) {
+  if (kind == "ring-churn") return ring_worker_main(index, count, records_path, end_file);
   if (kind.starts_with("flock-"))
     return flock_worker_main(kind, index, count, records_path, end_file);
   gpulock::GpuPool pool = gpulock::GpuPool::open();
@@ -615,17 +656,28 @@ double max_idle_ms(std::vector<Record> records, std::int64_t from, std::int64_t 
   return static_cast<double>(longest) / kMs;
 }
 
-// `processes` processes churn through `gpus` GPUs: through gpulock (kind "churn"), or through
-// bare flock(2) files (kind "flock-churn", 4 GPUs), the kernel's floor for the same churn.
+// `processes` processes churn through `gpus` GPUs: through gpulock (kind "churn"), through
+// bare flock(2) files (kind "flock-churn", 4 GPUs), the kernel's floor for the same churn, or
+// through a ring of FIFOs (kind "ring-churn", 4 tokens), the kernel's floor for a fair hand-off.
 ChurnResult run_churn(unsigned gpus, int processes, double seconds, double warm_up,
                       const std::string& kind = "churn") {
-  const bool floor = kind == "flock-churn";
+  const bool floor = kind != "churn";
+  const bool ring = kind == "ring-churn";
   Machine machine(gpus);
-  AllGpusHolder holder(machine, gpus, floor ? "flock-hold" : "hold");
+  if (ring) {
+    std::filesystem::create_directories(machine.lock_dir());
+    for (int i = 1; i <= processes; ++i)
+      if (::mkfifo((machine.lock_dir() / ("ring-" + std::to_string(i))).c_str(), 0600) != 0)
+        throw std::runtime_error("mkfifo failed");
+  }
+  // The ring needs no holder: nothing moves until the parent puts the tokens in.
+  std::optional<AllGpusHolder> holder;
+  if (!ring) holder.emplace(machine, gpus, floor ? "flock-hold" : "hold");
   std::vector<pid_t> workers;
-  for (int i = 1; i <= processes; ++i) workers.push_back(machine.spawn(kind, i, 1, -1, -1));
+  for (int i = 1; i <= processes; ++i)
+    workers.push_back(machine.spawn(kind, i, ring ? static_cast<unsigned>(processes) : 1u, -1, -1));
   std::vector<pid_t> all = workers;
-  all.push_back(holder.pid());
+  if (holder) all.push_back(holder->pid());
   std::vector<ProcSample> before = machine.settle(all, floor ? 0 : processes);
 
   const std::int64_t start = now_ns();
@@ -636,7 +688,24 @@ ChurnResult run_churn(unsigned gpus, int processes, double seconds, double warm_
     std::ofstream(tmp) << to << "\n";
     std::filesystem::rename(tmp, machine.end_file());
   }
-  holder.release();
+  // Writes `byte` into ring worker `index`'s FIFO.
+  const auto put = [&](int index, char byte) {
+    const int fd = ::open((machine.lock_dir() / ("ring-" + std::to_string(index))).c_str(),
+                          O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0 || !gpulock_bench::write_all(fd, &byte, 1))
+      throw std::runtime_error("cannot write to a ring FIFO");
+    ::close(fd);
+  };
+  if (ring) {
+    // The 4 tokens, spread evenly around the ring; once the window is over, every worker that
+    // still waits is told to stop (the tokens stop at the first worker that has left).
+    for (unsigned g = 0; g < gpus; ++g)
+      put(1 + static_cast<int>(g) * processes / static_cast<int>(gpus), static_cast<char>(g));
+    gpulock_bench::sleep_ns(std::max<std::int64_t>(0, to - now_ns()) + 200 * kMs);
+    for (int i = 1; i <= processes; ++i) put(i, 'q');
+  } else {
+    holder->release();
+  }
   const std::map<pid_t, rusage> usage = machine.reap();
   const std::vector<Record> records = machine.records();
 
@@ -745,29 +814,32 @@ Options parse_options(int argc, char** argv) {
 void run_scale(const Options& o) {
   std::printf(
       "\n5. Churn at scale, 4 GPUs, each process acquiring 1 GPU in process and releasing at "
-      "once, %.0f s,\n   against the same processes on 4 flock(2) files (aims: >= 2,000 "
-      "leases/s at 64, no fall with N;\n   free-GPU idle time while someone waits <= 20 ms)\n",
+      "once, %.0f s,\n   against the same processes handing 4 tokens round a ring of FIFOs (the "
+      "floor of a fair\n   hand-off) and on 4 flock(2) files (aims: >= 2,000 leases/s at 64, no "
+      "fall with N;\n   free-GPU idle time while someone waits <= 20 ms)\n",
       o.churn_seconds);
-  std::printf("  %-6s %-8s %9s %10s %9s %7s %9s %9s %11s\n", "procs", "what", "leases/s",
-              "CPU/lease", "Jain", "ratio", "p50 ms", "p99 ms", "max idle ms");
+  std::printf("  %-6s %-8s %9s %10s %9s %9s %9s %9s %11s\n", "procs", "what", "leases/s",
+              "CPU/lease", "Jain", "x gpulock", "p50 ms", "p99 ms", "max idle ms");
   std::fflush(stdout);
   for (int processes : o.scale) {
     const ChurnResult lib = run_churn(4, processes, o.churn_seconds, o.warm_up);
+    const ChurnResult ring = run_churn(4, processes, o.churn_seconds, o.warm_up, "ring-churn");
     const ChurnResult floor = run_churn(4, processes, o.churn_seconds, o.warm_up, "flock-churn");
     const double lib_rate = static_cast<double>(lib.leases) / lib.seconds;
-    const double floor_rate = static_cast<double>(floor.leases) / floor.seconds;
-    const auto row = [&](const char* what, const ChurnResult& r, double rate, double ratio) {
-      std::printf("  %-6d %-8s %9.0f %8.0f us %9.3f %7.2f %9.3f %9.3f %11.2f\n", processes, what,
-                  rate, r.cpu_per_lease_us, r.jain, ratio, r.latency.p50, r.latency.p99,
-                  r.max_idle_ms);
+    const auto row = [&](const char* what, const ChurnResult& r) {
+      const double rate = static_cast<double>(r.leases) / r.seconds;
+      std::printf("  %-6d %-8s %9.0f %8.0f us %9.3f %9.2f %9.3f %9.3f %11.2f\n", processes, what,
+                  rate, r.cpu_per_lease_us, r.jain, lib_rate > 0 ? rate / lib_rate : 0,
+                  r.latency.p50, r.latency.p99, r.max_idle_ms);
     };
-    row("gpulock", lib, lib_rate, floor_rate > 0 ? floor_rate / lib_rate : 0);
-    row("flock", floor, floor_rate, 1.0);
+    row("gpulock", lib);
+    row("ring", ring);
+    row("flock", floor);
     std::fflush(stdout);
   }
   std::printf(
-      "  (ratio: flock's leases/s over gpulock's, same run; idle: longest release -> "
-      "next lease of a GPU)\n");
+      "  (x gpulock: leases/s over gpulock's, same run; idle: longest release -> next lease of "
+      "a GPU)\n");
 }
 
 int bench_main(const Options& o) {
