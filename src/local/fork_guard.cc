@@ -8,7 +8,6 @@
 
 #include <array>
 #include <atomic>
-#include <mutex>
 
 #include "util/fork_gate.h"
 
@@ -21,14 +20,14 @@ struct Guarded {
   const char* name = nullptr;
 };
 
-// Each waiting thread guards three descriptors (its ticket, wake FIFO and departures file).
-// Beyond this many descriptors, one process's waiters keep theirs in a forked child.
+// Each waiting thread guards three descriptors (its ticket, wake FIFO and departures file), a
+// dispatcher a fourth (its inotify instance), and each pool one (its acquire mutex). Beyond this
+// many descriptors, one process's waiters keep theirs in a forked child.
 constexpr std::size_t kSlots = 768;
 std::array<Guarded, kSlots> guarded;
 
-// An entry's fd: -1 free, -2 being filled in by guard(), else the descriptor.
+// An entry's fd: -1 free, else the descriptor.
 constexpr int kFree = -1;
-constexpr int kFilling = -2;
 
 void in_forked_child() {
   for (Guarded& g : guarded) {
@@ -50,15 +49,15 @@ void in_forked_child() {
   }
 }
 
+// Registered when the program is loaded: never under the gate (util/fork_gate.h).
+[[maybe_unused]] const bool registered = ::pthread_atfork(nullptr, nullptr, in_forked_child) == 0;
+
 void guard(int fd, int dir_fd, const char* name) {
-  static std::once_flag once;
-  std::call_once(once, [] { ::pthread_atfork(nullptr, nullptr, in_forked_child); });
   // The table changes behind the gate: fork() copies descriptors and memory at different times.
+  // So a plain read finds a free entry, and no fork sees it half filled in.
   const ForkGate gate;
   for (Guarded& g : guarded) {
-    // Claimed first, then filled in, then published: a fork in between sees no half entry.
-    int expected = kFree;
-    if (!g.fd.compare_exchange_strong(expected, kFilling)) continue;
+    if (g.fd.load(std::memory_order_relaxed) != kFree) continue;
     g.dir_fd.store(dir_fd);
     g.name = name;
     g.fd.store(fd);

@@ -6,14 +6,19 @@
 // child's copy of the table names descriptors its own table does not have (or has as other
 // files). Entries are added and removed while holding a ForkGate; an atfork prepare handler
 // takes the same lock, so a fork waits for the change in progress and no change starts during it.
+//
+// A thread holding the gate has every signal blocked: a signal handler that forked there would
+// wait in the prepare handler for the gate its own thread holds. The gate may be taken again by
+// the thread that holds it (an open and its entry in a table can so be made one step), and must
+// be held briefly, with no pthread_atfork registration under it (fork() holds glibc's atfork
+// lock while its prepare handler waits for the gate); the tables register their handlers when
+// the program is loaded.
 #pragma once
 
 namespace gpulock {
 
 class ForkGate {
  public:
-  // Takes the lock (registering the atfork handlers on first use). Hold it briefly, and not in
-  // code a signal handler can interrupt to fork.
   ForkGate();
   ~ForkGate();
   ForkGate(const ForkGate&) = delete;
