@@ -14,6 +14,7 @@
 #include "gpulock/error.hpp"
 #include "local/fork_guard.h"
 #include "local/gpu_lock_file.h"
+#include "util/fork_gate.h"
 
 namespace gpulock {
 
@@ -21,7 +22,10 @@ AcquireMutex::AcquireMutex(const LockDirectory& dir, std::chrono::milliseconds s
     : dir_(dir), safety_interval_(safety_interval) {}
 
 AcquireMutex::~AcquireMutex() {
-  if (fd_) forget_in_forked_child(fd_.get());
+  if (!fd_) return;
+  const ForkGate gate;  // unguarded and closed in one step
+  forget_in_forked_child(fd_.get());
+  fd_.reset();
 }
 
 void AcquireMutex::Hold::release() {
@@ -40,9 +44,11 @@ AcquireMutex::Hold AcquireMutex::hold(Clock::time_point give_up) {
 
 void AcquireMutex::open_files() {
   if (!fd_) {
+    // A child forked while another thread holds the mutex must not keep it (fork_guard.h), so
+    // the descriptor is guarded in the same step as it is opened. The FIFO needs no such care:
+    // it holds no lock, and a byte too many only costs an attempt.
+    const ForkGate gate;
     fd_ = dir_.open_acquire_mutex();
-    // A child forked while another thread holds the mutex must not keep it (fork_guard.h). The
-    // FIFO needs no such care: it holds no lock, and a byte too many only costs an attempt.
     reopen_in_forked_child(fd_.get(), dir_.fd(), LockDirectory::kAcquireMutexName);
   }
   // A FIFO that could not be used (not made yet by another user, or its mode not set yet) is

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -20,6 +21,7 @@
 #include "process/process_identity.h"
 #include "util/current_pid.h"
 #include "util/fd.h"
+#include "util/fork_gate.h"
 #include "util/quiet_pipe_write.h"
 #include "util/random_id.h"
 #include "util/unix_time.h"
@@ -90,7 +92,9 @@ void OwnTicket::drain_wakeups() const {
 }
 
 void OwnTicket::leave() {
-  if (!ticket_fd_) return;
+  // (Also after enter() failed half way: then some descriptors are open, but no ticket is
+  // registered.)
+  if (!ticket_fd_ && !wake_fd_ && !departure_fd_) return;
   if (current_pid() != owner_pid_) {
     // A forked child's copy: the files are the parent's, and the descriptors were closed at the
     // fork (their numbers may be someone else's by now).
@@ -99,20 +103,23 @@ void OwnTicket::leave() {
     departure_fd_.release();
     return;
   }
-  forget_in_forked_child(ticket_fd_.get());
-  forget_in_forked_child(wake_fd_.get());
-  if (departure_fd_) forget_in_forked_child(departure_fd_.get());
   // The files first, the slot last: a SIGKILL between two of these steps leaves the slot, and
   // whoever next finds it dead removes what is left (remove_dead()). With the slot removed
   // first, a kill between the two unlinks left a file that only a sweep of the whole directory
   // found. Then close: whoever watches the ticket is told by the close, and by then the ticket
   // is gone from the listing.
-  ::unlinkat(dir_fd_, ticket_name(ticket_.id).c_str(), 0);
-  ::unlinkat(dir_fd_, wake_name(ticket_.id).c_str(), 0);
+  if (!ticket_.id.empty()) {
+    ::unlinkat(dir_fd_, ticket_name(ticket_.id).c_str(), 0);
+    ::unlinkat(dir_fd_, wake_name(ticket_.id).c_str(), 0);
+  }
   if (index_) index_->remove(slot_, ticket_.seq);
-  ticket_fd_.reset();
-  wake_fd_.reset();
-  departure_fd_.reset();  // last: the dispatchers plan without this waiter
+  // Unguarded and closed in one step, so that no fork in between leaves a child a copy (one of
+  // the departures file would keep the dispatchers from hearing that we left).
+  const ForkGate gate;
+  for (UniqueFd* fd : {&ticket_fd_, &wake_fd_, &departure_fd_}) {
+    if (*fd) forget_in_forked_child(fd->get());
+    fd->reset();  // the departures file last: the dispatchers plan without this waiter
+  }
 }
 
 std::unique_ptr<QueueDirectory> QueueDirectory::open(const LockDirectory& locks, bool create) {
@@ -262,10 +269,15 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
   OwnTicket own;
   own.dir_fd_ = fd();
   own.owner_pid_ = current_pid();
+  // Each descriptor below is guarded against forks (fork_guard.h) in the same step as it is
+  // opened: a child forked in between would keep the ticket's lock, or the departures file, for
+  // as long as it lives. (If this fails half way, `own` unguards and closes what it has.)
+  std::optional<ForkGate> gate(std::in_place);
   // The departures file first, so that the ticket is numbered above it (OwnTicket's
-  // departure_fd_); guarded against forks once the ticket is, below. (Like every file the lock
-  // directory opens, it is numbered above stdio already.)
+  // departure_fd_). (Like every file the lock directory opens, it is numbered above stdio
+  // already.)
   own.departure_fd_ = locks_.open_departures_beacon();
+  if (own.departure_fd_) close_in_forked_child(own.departure_fd_.get());
 
   // The wake FIFO first: once the ticket is visible, others may wake us.
   const std::string wake = wake_name(ticket.id);
@@ -275,6 +287,7 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
   own.wake_fd_ = above_stdio(UniqueFd(
       ::openat(fd(), wake.c_str(), O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY)));
   struct stat st {};
+  if (own.wake_fd_) close_in_forked_child(own.wake_fd_.get());
   if (!own.wake_fd_ || ::fstat(own.wake_fd_.get(), &st) != 0 || !S_ISFIFO(st.st_mode))
     fail("cannot open " + wake, errno);
   if (::fchmod(own.wake_fd_.get(), kWakeMode) != 0) fail("cannot set the mode of " + wake, errno);
@@ -285,13 +298,12 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
                               O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600)),
             std::max(2, own.departure_fd_.get()));
   if (!own.ticket_fd_) fail("cannot create " + name, errno);
+  close_in_forked_child(own.ticket_fd_.get());
   made_ticket = true;
   if (::fchmod(own.ticket_fd_.get(), kTicketMode) != 0)
     fail("cannot set the mode of " + name, errno);
   if (!try_lock_exclusive(own.ticket_fd_.get())) fail("cannot lock " + name, EAGAIN);
-  close_in_forked_child(own.wake_fd_.get());
-  close_in_forked_child(own.ticket_fd_.get());
-  if (own.departure_fd_) close_in_forked_child(own.departure_fd_.get());
+  gate.reset();
   // The slot first, for the seq; the ticket is locked already, so it counts as live from now.
   IndexEntry entry;
   entry.id = ticket.id;
@@ -308,8 +320,6 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
   try {
     entry = index().add(entry, listing.contents);
   } catch (const Error&) {
-    forget_in_forked_child(own.wake_fd_.get());
-    forget_in_forked_child(own.ticket_fd_.get());
     fail("cannot write the queue's index", ENOSPC);
   }
   ticket.seq = entry.seq;
@@ -324,8 +334,6 @@ OwnTicket QueueDirectory::enter(Ticket ticket, const Listing& listing) const {
     if (n <= 0) {
       const int e = n < 0 ? errno : ENOSPC;
       index().remove(entry.slot, entry.seq);
-      forget_in_forked_child(own.wake_fd_.get());
-      forget_in_forked_child(own.ticket_fd_.get());
       fail("cannot write " + name, e);
     }
     written += static_cast<std::size_t>(n);

@@ -16,6 +16,8 @@
 #include "local/lock_directory.h"
 #include "process/process_identity.h"
 #include "util/close_in_background.h"
+#include "util/current_pid.h"
+#include "util/fork_gate.h"
 
 namespace gpulock {
 namespace {
@@ -52,8 +54,13 @@ WaitChannel::~WaitChannel() {
 
 void WaitChannel::give_back_inotify_instance() {
   if (!inotify_fd_) return;
-  forget_in_forked_child(inotify_fd_.get());
-  close_in_background(std::move(inotify_fd_));
+  if (current_pid() != inotify_owner_) {
+    // A forked child's copy: fork closed it (fork_guard.h), and its number may be another
+    // file's by now.
+    inotify_fd_.release();
+    return;
+  }
+  close_in_background(std::move(inotify_fd_), forget_in_forked_child);
 }
 
 bool WaitChannel::watch_releases(int lock_dir_fd, bool on) {
@@ -63,15 +70,19 @@ bool WaitChannel::watch_releases(int lock_dir_fd, bool on) {
     releases_wd_ = -1;
     return false;
   }
+  if (inotify_fd_ && current_pid() != inotify_owner_) inotify_fd_.release();  // see above
   if (!inotify_fd_) {
+    // A child forked without exec (by another thread: Python multiprocessing) would otherwise
+    // hold this instance, against its user's limit, for as long as it lives: it is guarded in
+    // the same step as it is made.
+    const ForkGate gate;
     inotify_fd_.reset(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
     if (!inotify_fd_) {
       // fs.inotify.max_user_instances reached: this dispatcher polls instead.
       fall_back_to_polling();
       return true;
     }
-    // A child forked without exec (by another thread: Python multiprocessing) would otherwise
-    // hold this instance, against its user's limit, for as long as it lives.
+    inotify_owner_ = current_pid();
     close_in_forked_child(inotify_fd_.get());
   }
   // Watch the directory we hold open, not a path that could be swapped under us.

@@ -67,8 +67,9 @@ class WaitChannel {
   // Closes the inotify instance in the background, no longer closed by a forked child.
   void give_back_inotify_instance();
   Wakeup drain();
-  UniqueFd inotify_fd_;   // made when first needed (by a dispatcher)
-  bool polling_ = false;  // a dispatcher without inotify
+  UniqueFd inotify_fd_;      // made when first needed (by a dispatcher)
+  pid_t inotify_owner_ = 0;  // the process that made it: a forked child's copy was closed at fork
+  bool polling_ = false;     // a dispatcher without inotify
   int releases_wd_ = -1;
   UniqueFd process_fd_;  // pidfd of the watched waiter
   pid_t watched_pid_ = 0;

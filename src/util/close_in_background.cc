@@ -75,14 +75,27 @@ void* close_slot(void* slot_index) {
   return nullptr;
 }
 
-// A free slot's index, now holding `fd`; or -1 where every slot is taken. Behind the gate.
-int list_pending(int fd) {
+// A free slot's index, now holding `fd`; or -1 where every slot is taken. Behind the gate,
+// which `unlist_elsewhere` shares.
+int list_pending(int fd, void (*unlist_elsewhere)(int)) {
   const ForkGate gate;
+  if (unlist_elsewhere) unlist_elsewhere(fd);
   for (std::size_t i = 0; i < pending_closes.size(); ++i) {
     int expected = 0;
     if (pending_closes[i].compare_exchange_strong(expected, fd + 1)) return static_cast<int>(i);
   }
   return -1;
+}
+
+// Registered when the program is loaded: never under the gate (util/fork_gate.h).
+const bool fork_handled = ::pthread_atfork(nullptr, nullptr, close_inherited_copies_in_child) == 0;
+
+// Closes `fd` here, once the other table no longer lists it (in one step, for a fork).
+void close_in_place(UniqueFd fd, void (*unlist_elsewhere)(int)) {
+  if (!unlist_elsewhere) return;  // fd closes on return
+  const ForkGate gate;
+  unlist_elsewhere(fd.get());
+  fd.reset();
 }
 
 bool start_closer(int slot_index) {
@@ -109,17 +122,15 @@ bool start_closer(int slot_index) {
 
 }  // namespace
 
-void close_in_background(UniqueFd fd) {
+void close_in_background(UniqueFd fd, void (*unlist_elsewhere)(int fd)) {
   if (!fd) return;
-  // Registered before the first closer starts; a child inherits the handlers.
-  static const bool fork_handled =
-      ::pthread_atfork(nullptr, nullptr, close_inherited_copies_in_child) == 0;
-  if (!fork_handled || no_threads_after_fork.load()) return;  // fd closes here
-  // Every signal blocked: the gate must not be held by a thread that a handler interrupts, and
-  // the closer inherits the mask (it must not take the signals the program reads itself).
+  if (!fork_handled || no_threads_after_fork.load())
+    return close_in_place(std::move(fd), unlist_elsewhere);
+  // Every signal blocked: the closer inherits the mask (it must not take the signals the
+  // program reads itself).
   const SignalsBlocked blocked;
-  const int slot_index = list_pending(fd.get());
-  if (slot_index < 0) return;  // every slot taken: fd closes here
+  const int slot_index = list_pending(fd.get(), unlist_elsewhere);
+  if (slot_index < 0) return;  // every slot taken: fd closes here, unlisted already
   // Counted before the thread exists, so that no fork can miss it.
   closer_started.store(true);
   closers_running.fetch_add(1);

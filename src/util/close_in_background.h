@@ -15,7 +15,10 @@ namespace gpulock {
 // It closes here instead where no thread can be started, where kMaxBackgroundCloses are already
 // under way, and in a process forked while such a thread ran. A child forked while a close is
 // pending closes its copy of the descriptor at once: it does not own it.
-void close_in_background(UniqueFd fd);
+// `unlist_elsewhere`, if given, takes `fd` out of another table that a forked child acts on
+// (local/fork_guard.h); it runs behind the same ForkGate hold that lists the descriptor here, so
+// no fork sees it in neither table, and before any close.
+void close_in_background(UniqueFd fd, void (*unlist_elsewhere)(int fd) = nullptr);
 
 inline constexpr int kMaxBackgroundCloses = 64;
 

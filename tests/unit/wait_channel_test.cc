@@ -307,6 +307,27 @@ TEST_F(WaitChannelTest, AChildForkedWhileAChannelWatchesHoldsNoInotifyInstance) 
   EXPECT_EQ(InotifyInstances(), 1) << "the parent's own";
 }
 
+// A child forked by the waiting thread itself (from a progress hook, or a signal handler the
+// interrupt hook runs) that then unwinds the wait destroys its copy of the channel. Fork closed
+// the child's copy of the inotify instance, and its number may be the child's own file by then.
+TEST_F(WaitChannelTest, AChannelDestroyedInAForkedChildClosesNoneOfTheChildsFiles) {
+  auto dispatcher = std::make_unique<WaitChannel>();
+  dispatcher->watch_releases(locks_.fd(), true);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const int mine = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    dispatcher.reset();
+    // A close in the background would come a little later.
+    for (int i = 0; i < 100 && ::fcntl(mine, F_GETFD) != -1; ++i) ::usleep(2000);
+    ::_exit(::fcntl(mine, F_GETFD) != -1 ? 0 : 1);
+  }
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the channel closed a descriptor of the child's";
+}
+
 // --- timing out ---------------------------------------------------------------------------
 
 TEST_F(WaitChannelTest, NothingHappeningTimesOut) {
