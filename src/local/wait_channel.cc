@@ -70,7 +70,8 @@ bool WaitChannel::watch_releases(int lock_dir_fd, bool on) {
     releases_wd_ = -1;
     return false;
   }
-  if (inotify_fd_ && current_pid() != inotify_owner_) inotify_fd_.release();  // see above
+  const pid_t self = current_pid();
+  if (inotify_fd_ && self != inotify_owner_) inotify_fd_.release();  // see above
   if (!inotify_fd_) {
     // A child forked without exec (by another thread: Python multiprocessing) would otherwise
     // hold this instance, against its user's limit, for as long as it lives: it is guarded in
@@ -82,7 +83,7 @@ bool WaitChannel::watch_releases(int lock_dir_fd, bool on) {
       fall_back_to_polling();
       return true;
     }
-    inotify_owner_ = current_pid();
+    inotify_owner_ = self;
     close_in_forked_child(inotify_fd_.get());
   }
   // Watch the directory we hold open, not a path that could be swapped under us.
