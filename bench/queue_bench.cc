@@ -122,6 +122,18 @@ std::int64_t read_end(const std::string& end_file) {
   return in ? end : -1;
 }
 
+// A baseline's lease of `gpu` by worker `index`, taken and given back now (it does nothing).
+Record floor_lease(int index, int gpu) {
+  Record r;
+  r.t_acq = now_ns();
+  r.worker = index;
+  r.pid = ::getpid();
+  r.waited = 1;
+  r.gpu = gpu;
+  r.t_rel = now_ns();
+  return r;
+}
+
 int flock_worker_main(const std::string& kind, int index, unsigned count,
                       const std::string& records_path, const std::string& end_file) {
   std::vector<Record> records;
@@ -137,13 +149,7 @@ int flock_worker_main(const std::string& kind, int index, unsigned count,
   std::int64_t end = -1;
   while (true) {
     if (::flock(fd, LOCK_EX) != 0) return 5;
-    Record r;
-    r.t_acq = now_ns();
-    r.worker = index;
-    r.pid = ::getpid();
-    r.waited = 1;
-    r.gpu = gpu;
-    r.t_rel = now_ns();
+    const Record r = floor_lease(index, gpu);
     if (::flock(fd, LOCK_UN) != 0) return 5;
     records.push_back(r);
     if (end < 0 && (end = read_end(end_file)) < 0) return 4;
@@ -172,13 +178,7 @@ int ring_worker_main(int index, unsigned processes, const std::string& records_p
     char token = 0;
     if (!gpulock_bench::read_all(mine, &token, 1)) return 5;
     if (token == 'q') break;
-    Record r;
-    r.t_acq = now_ns();
-    r.worker = index;
-    r.pid = ::getpid();
-    r.waited = 1;
-    r.gpu = token;
-    r.t_rel = now_ns();
+    const Record r = floor_lease(index, token);
     if (!gpulock_bench::write_all(next, &token, 1)) return 5;
     records.push_back(r);
     if (end < 0 && (end = read_end(end_file)) < 0) return 4;

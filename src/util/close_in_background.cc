@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "util/fork_gate.h"
+#include "util/sanitizers.h"
 #include "util/signals_blocked.h"
 
 namespace gpulock {
@@ -37,15 +38,7 @@ std::atomic<int> closers_running{0};
 // ThreadSanitizer, which ends a process that starts a thread after such a fork, any closer
 // ever started counts: one that has counted itself out may still be exiting.)
 std::atomic<bool> no_threads_after_fork{false};
-// (GCC defines __SANITIZE_THREAD__; clang answers __has_feature.)
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_THREAD_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_THREAD_SANITIZER 1
-#endif
-#endif
-#if defined(UNDER_THREAD_SANITIZER)
+#if defined(GPULOCK_UNDER_THREAD_SANITIZER)
 constexpr bool kAnyCloserEverStartedCounts = true;
 #else
 constexpr bool kAnyCloserEverStartedCounts = false;

@@ -14,15 +14,7 @@
 #include <thread>
 
 #include "local/fork_guard.h"
-
-// (GCC defines __SANITIZE_THREAD__; clang answers __has_feature.)
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_THREAD_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_THREAD_SANITIZER 1
-#endif
-#endif
+#include "util/sanitizers.h"
 
 namespace gpulock {
 namespace {
@@ -84,7 +76,7 @@ void ForkAndReap(int) {
 // Without signals blocked under the gate, the handler's fork waited in the atfork prepare handler
 // for the gate that its own thread held: the process hung.
 TEST(ForkGateTest, ASignalHandlerThatForksWhileTheGuardTableChangesGoesThrough) {
-#if defined(UNDER_THREAD_SANITIZER)
+#if defined(GPULOCK_UNDER_THREAD_SANITIZER)
   GTEST_SKIP() << "ThreadSanitizer reports fork() in a signal handler";
 #else
   const pid_t worker = ::fork();
