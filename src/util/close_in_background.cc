@@ -38,11 +38,7 @@ std::atomic<int> closers_running{0};
 // ThreadSanitizer, which ends a process that starts a thread after such a fork, any closer
 // ever started counts: one that has counted itself out may still be exiting.)
 std::atomic<bool> no_threads_after_fork{false};
-#if defined(GPULOCK_UNDER_THREAD_SANITIZER)
-constexpr bool kAnyCloserEverStartedCounts = true;
-#else
-constexpr bool kAnyCloserEverStartedCounts = false;
-#endif
+constexpr bool kAnyCloserEverStartedCounts = kUnderThreadSanitizer;
 std::atomic<bool> closer_started{false};
 std::atomic<int> paused_for_test{0};
 

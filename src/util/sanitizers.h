@@ -9,3 +9,13 @@
 #define GPULOCK_UNDER_THREAD_SANITIZER 1
 #endif
 #endif
+
+namespace gpulock {
+
+#if defined(GPULOCK_UNDER_THREAD_SANITIZER)
+inline constexpr bool kUnderThreadSanitizer = true;
+#else
+inline constexpr bool kUnderThreadSanitizer = false;
+#endif
+
+}  // namespace gpulock
