@@ -159,10 +159,15 @@ int flock_worker_main(const std::string& kind, int index, unsigned count,
   return 0;
 }
 
-// The FIFO of ring worker `index` (1 .. P), in GPULOCK_DIR.
+// The name of ring worker `index`'s FIFO (1 .. P), in the lock directory (GPULOCK_DIR).
+std::string ring_fifo_name(int index) {
+  return "ring-" + std::to_string(index);
+}
+
+// The FIFO of ring worker `index`, as the worker finds it.
 std::string ring_fifo(int index) {
   const char* dir = std::getenv("GPULOCK_DIR");
-  return std::string(dir ? dir : ".") + "/ring-" + std::to_string(index);
+  return std::string(dir ? dir : ".") + "/" + ring_fifo_name(index);
 }
 
 int ring_worker_main(int index, unsigned processes, const std::string& records_path,
@@ -667,7 +672,7 @@ ChurnResult run_churn(unsigned gpus, int processes, double seconds, double warm_
   if (ring) {
     std::filesystem::create_directories(machine.lock_dir());
     for (int i = 1; i <= processes; ++i)
-      if (::mkfifo((machine.lock_dir() / ("ring-" + std::to_string(i))).c_str(), 0600) != 0)
+      if (::mkfifo((machine.lock_dir() / ring_fifo_name(i)).c_str(), 0600) != 0)
         throw std::runtime_error("mkfifo failed");
   }
   // The ring needs no holder: nothing moves until the parent puts the tokens in.
@@ -690,7 +695,7 @@ ChurnResult run_churn(unsigned gpus, int processes, double seconds, double warm_
   }
   // Writes `byte` into ring worker `index`'s FIFO.
   const auto put = [&](int index, char byte) {
-    const int fd = ::open((machine.lock_dir() / ("ring-" + std::to_string(index))).c_str(),
+    const int fd = ::open((machine.lock_dir() / ring_fifo_name(index)).c_str(),
                           O_RDWR | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0 || !gpulock_bench::write_all(fd, &byte, 1))
       throw std::runtime_error("cannot write to a ring FIFO");
