@@ -52,14 +52,16 @@ WaitChannel::~WaitChannel() {
   give_back_inotify_instance();
 }
 
+bool WaitChannel::drop_inherited_inotify_instance() {
+  if (!inotify_fd_ || current_pid() == inotify_owner_) return false;
+  // A forked child's copy: fork closed it (fork_guard.h), and its number may be another file's
+  // by now.
+  inotify_fd_.release();
+  return true;
+}
+
 void WaitChannel::give_back_inotify_instance() {
-  if (!inotify_fd_) return;
-  if (current_pid() != inotify_owner_) {
-    // A forked child's copy: fork closed it (fork_guard.h), and its number may be another
-    // file's by now.
-    inotify_fd_.release();
-    return;
-  }
+  if (!inotify_fd_ || drop_inherited_inotify_instance()) return;
   close_in_background(std::move(inotify_fd_), forget_in_forked_child);
 }
 
@@ -70,8 +72,7 @@ bool WaitChannel::watch_releases(int lock_dir_fd, bool on) {
     releases_wd_ = -1;
     return false;
   }
-  const pid_t self = current_pid();
-  if (inotify_fd_ && self != inotify_owner_) inotify_fd_.release();  // see above
+  drop_inherited_inotify_instance();
   if (!inotify_fd_) {
     // A child forked without exec (by another thread: Python multiprocessing) would otherwise
     // hold this instance, against its user's limit, for as long as it lives: it is guarded in
@@ -83,7 +84,7 @@ bool WaitChannel::watch_releases(int lock_dir_fd, bool on) {
       fall_back_to_polling();
       return true;
     }
-    inotify_owner_ = self;
+    inotify_owner_ = current_pid();
     close_in_forked_child(inotify_fd_.get());
   }
   // Watch the directory we hold open, not a path that could be swapped under us.

@@ -66,6 +66,8 @@ class WaitChannel {
   void fall_back_to_polling();
   // Closes the inotify instance in the background, no longer closed by a forked child.
   void give_back_inotify_instance();
+  // In a forked child: forgets the inherited instance (fork closed it); true if it did.
+  bool drop_inherited_inotify_instance();
   Wakeup drain();
   UniqueFd inotify_fd_;      // made when first needed (by a dispatcher)
   pid_t inotify_owner_ = 0;  // the process that made it: a forked child's copy was closed at fork
