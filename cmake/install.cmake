@@ -1,5 +1,5 @@
 # What `cmake --install` (and so the Debian package, cmake/package.cmake) puts where: the
-# command, its man page and shell completions, the C API's shared library, the public headers,
+# command, its man page and shell completions, gpulock-gpu, the C API's shared library, the public headers,
 # the C++ library and a CMake package config, the Python package, the documentation, and the
 # system files of contrib/ (config template, tmpfiles.d, systemd unit).
 #
@@ -19,22 +19,25 @@ set(GPULOCK_INSTALL_PYTHONDIR "lib/python3/dist-packages" CACHE STRING
 set(GPULOCK_C_SOVERSION 0)
 set(gpulock_docdir "${CMAKE_INSTALL_DATADIR}/doc/gpulock")
 
-# The man page and the Debian changelog, compressed as Debian wants them (gzip -9n: no name,
+# The man pages and the Debian changelog, compressed as Debian wants them (gzip -9n: no name,
 # no time stamp, so the package is reproducible).
 find_program(GZIP_PROGRAM gzip REQUIRED)
+function(gpulock_compressed source output)
+  get_filename_component(directory "${output}" DIRECTORY)
+  add_custom_command(OUTPUT "${output}"
+    COMMAND ${CMAKE_COMMAND} -E make_directory "${directory}"
+    COMMAND ${GZIP_PROGRAM} -9nc "${source}" > "${output}"
+    DEPENDS "${source}"
+    COMMENT "Compressing ${source}")
+endfunction()
 set(gpulock_manual "${PROJECT_BINARY_DIR}/man/gpulock.1.gz")
+set(gpulock_gpu_manual "${PROJECT_BINARY_DIR}/man/gpulock-gpu.1.gz")
 set(gpulock_changelog "${PROJECT_BINARY_DIR}/packaging/changelog.Debian.gz")
-add_custom_command(OUTPUT "${gpulock_manual}"
-  COMMAND ${CMAKE_COMMAND} -E make_directory "${PROJECT_BINARY_DIR}/man"
-  COMMAND ${GZIP_PROGRAM} -9nc "${PROJECT_SOURCE_DIR}/docs/gpulock.1" > "${gpulock_manual}"
-  DEPENDS "${PROJECT_SOURCE_DIR}/docs/gpulock.1"
-  COMMENT "Compressing the man page")
-add_custom_command(OUTPUT "${gpulock_changelog}"
-  COMMAND ${CMAKE_COMMAND} -E make_directory "${PROJECT_BINARY_DIR}/packaging"
-  COMMAND ${GZIP_PROGRAM} -9nc "${PROJECT_SOURCE_DIR}/packaging/debian/changelog" > "${gpulock_changelog}"
-  DEPENDS "${PROJECT_SOURCE_DIR}/packaging/debian/changelog"
-  COMMENT "Compressing the Debian changelog")
-add_custom_target(gpulock_compressed_docs ALL DEPENDS "${gpulock_manual}" "${gpulock_changelog}")
+gpulock_compressed("${PROJECT_SOURCE_DIR}/docs/gpulock.1" "${gpulock_manual}")
+gpulock_compressed("${PROJECT_SOURCE_DIR}/docs/gpulock-gpu.1" "${gpulock_gpu_manual}")
+gpulock_compressed("${PROJECT_SOURCE_DIR}/packaging/debian/changelog" "${gpulock_changelog}")
+add_custom_target(gpulock_compressed_docs ALL
+  DEPENDS "${gpulock_manual}" "${gpulock_gpu_manual}" "${gpulock_changelog}")
 
 # The command, its manual and completions.
 install(TARGETS gpulock_cli RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
@@ -62,10 +65,13 @@ install(FILES "${PROJECT_BINARY_DIR}/cmake/gpulockConfig.cmake"
 
 # The Python package: the extension module built for this build's python3, beside the
 # package's Python files.
+# With it, gpulock-gpu (GPU.py's replacement, a command of the Python package) and its manual.
 if(GPULOCK_BUILD_PYTHON)
   install(TARGETS gpulock_python_native LIBRARY DESTINATION "${GPULOCK_INSTALL_PYTHONDIR}/gpulock")
   install(DIRECTORY python/gpulock DESTINATION "${GPULOCK_INSTALL_PYTHONDIR}"
           PATTERN "__pycache__" EXCLUDE PATTERN "*.pyc" EXCLUDE)
+  install(PROGRAMS packaging/gpulock-gpu DESTINATION "${CMAKE_INSTALL_BINDIR}")
+  install(FILES "${gpulock_gpu_manual}" DESTINATION "${CMAKE_INSTALL_MANDIR}/man1")
 endif()
 
 # Documentation.

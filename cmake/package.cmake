@@ -18,7 +18,8 @@ containers and hosts.
 
 This package holds the gpulock command with its man page and bash, zsh and
 fish completions; the C API (libgpulock_c.so) and the C++ library with their
-headers and CMake package config; the Python package for python3; the
+headers and CMake package config; the Python package for python3 with
+gpulock-gpu, GPU.py's commands over gpulock leases; the
 tmpfiles.d entry for the lock directory; and gpulock-init.service, which
 makes the lock files root-owned at boot once enabled.")
 # Install into the staging tree with DESTDIR and the real prefix, /usr whatever the build's

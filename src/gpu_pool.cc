@@ -1,12 +1,14 @@
 // GpuPool: the library's entry point, forwarding each call to the pool's backend.
 #include "gpulock/gpu_pool.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include <fmt/format.h>
 
 #include "backend/lease_backend.h"
 #include "backend/lease_state.h"
+#include "backend/request_checks.h"
 #include "gpulock/error.hpp"
 #include "journal/journal_seal.h"
 #include "journal/lease_counts.h"
@@ -146,6 +148,27 @@ std::vector<Device> GpuPool::devices() {
 }
 void GpuPool::release(const std::string& lease_id) {
   backend_->release(lease_id);
+}
+std::vector<std::string> GpuPool::leases_holding(const std::vector<std::string>& gpus) {
+  const PoolStatus status = backend_->status();
+  std::vector<Device> devices;
+  for (const auto& gpu : status.gpus) devices.push_back(gpu.device);
+  std::vector<std::string> leases;
+  for (const Device* device : resolve_explicit(devices, gpus)) {
+    const GpuStatus& gpu = status.gpus[static_cast<std::size_t>(device - devices.data())];
+    const std::string name = device->display_index();
+    if (gpu.shared)
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("GPU {} is held by shared leases: name the lease (`gpulock "
+                              "status` shows their ids)",
+                              name));
+    if (gpu.state != GpuState::kLeased || !gpu.holder)
+      throw Error(ErrorCode::kNotFound,
+                  fmt::format("GPU {} is not leased ({})", name, gpu_state_name(gpu.state)));
+    if (std::find(leases.begin(), leases.end(), gpu.holder->lease_id) == leases.end())
+      leases.push_back(gpu.holder->lease_id);
+  }
+  return leases;
 }
 void GpuPool::prepare() {
   backend_->prepare();

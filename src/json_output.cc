@@ -61,6 +61,7 @@ void lease_middle(JsonWriter& w, const HolderInfo& h) {
 void lease_tail(JsonWriter& w, const HolderInfo& h) {
   w.member("pid", h.pid);
   w.member("pid_alive", h.holder_alive);
+  w.member("session", h.session);
   w.member("started_at", unix_seconds(h.started_at));
   w.member("uid", h.uid);
   w.member("user", h.user);

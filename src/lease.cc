@@ -90,7 +90,7 @@ void Lease::on_lost(std::function<void(const std::string&)> callback) {
   if (state_) state_->keeper->on_lost(std::move(callback));
 }
 
-void Lease::set_holder(pid_t holder_pid, const std::string& kind, pid_t member) {
+void Lease::set_holder(pid_t holder_pid, const std::string& kind, pid_t member, pid_t session) {
   if (!state_) return;
   HolderRecord& record = state_->record;
   record.holder = process_id_of(holder_pid).value_or(ProcessId{holder_pid, 0});
@@ -100,6 +100,7 @@ void Lease::set_holder(pid_t holder_pid, const std::string& kind, pid_t member) 
   if (member > 0) {
     if (const auto id = process_id_of(member)) record.members.push_back(*id);
   }
+  record.session = session > 0 ? session : 0;
   state_->keeper->publish_record(record);
 }
 

@@ -94,10 +94,15 @@ class GpuPool {
   // A fresh device inventory.
   std::vector<Device> devices();
 
-  // Ends a detached lease (`gpulock acquire --for-pid`) by stopping its holder. Only the user
-  // who took it, or root, may. Throws kNotFound, kPermissionDenied, or kInvalidArgument for a
-  // lease that is held by a running process or command (stop that instead).
+  // Ends a detached lease (`gpulock acquire`) by stopping its holder. Only the user who took it,
+  // or root, may. Throws kNotFound, kPermissionDenied, or kInvalidArgument for a lease that is
+  // held by a running process or command (stop that instead).
   void release(const std::string& lease_id);
+  // The ids of the leases holding these GPUs of this host (named as LeaseRequest::gpus names
+  // them: "0", "0:1", a UUID or a unique prefix), each once, in the order named: for
+  // `gpulock release --gpus`. Throws kUnsatisfiable for an unknown GPU, kInvalidArgument for an
+  // ambiguous or repeated name or a GPU held by shared leases, kNotFound for one not leased.
+  std::vector<std::string> leases_holding(const std::vector<std::string>& gpus);
 
   // Local backend: creates the lock file of every GPU now, and when run as root makes the directory
   // and all lock files root-owned, so that no user can delete another's lock file (which would let

@@ -6,6 +6,7 @@
 #include "gpulock/doctor.hpp"
 #include "gpulock/error.hpp"
 #include "gpulock/gpu_pool.hpp"
+#include "gpulock/jobs.hpp"
 #include "gpulock/json_output.hpp"
 #include "gpulock/lease.hpp"
 #include "gpulock/monitor.hpp"

@@ -81,8 +81,9 @@ class Lease {
 
   // Records that the lease now also covers this process and its descendants, and how it is held,
   // for `gpulock status`. `kind` is "process", "run" or "detached".
-  // With `member` (> 0), the lease also covers that process, in the same single update.
-  void set_holder(pid_t holder_pid, const std::string& kind, pid_t member = 0);
+  // With `member` (> 0), the lease also covers that process; with `session` (> 0), every process
+  // of that session (a detached lease held for it); both in the same single update.
+  void set_holder(pid_t holder_pid, const std::string& kind, pid_t member = 0, pid_t session = 0);
   void add_member(pid_t pid);
 
   // Releases the GPUs now (for this process: children holding the descriptors keep them).
@@ -92,8 +93,8 @@ class Lease {
   explicit Lease(std::unique_ptr<LeaseState> state);
 
  private:
-  // Hands the lease's keeper to a detached holder across a fork (run.hpp).
-  friend pid_t detach_lease(Lease& lease, pid_t watched_pid);
+  // Hands the lease's keeper to a detached holder across a fork (detach_lease() in run.hpp).
+  friend class DetachedHolder;
   // Records the lease's start in the usage journal.
   friend class GpuPool;
 

@@ -71,6 +71,10 @@ struct BlockingGpu {
   std::string uuid;
   std::string
       reason;  // "leased by alice (lease 3f…, 2h 05m, label 'sweep')", "foreign process 4711"
+  // Held by a detached lease (`gpulock acquire`): the process it is held for (--for-pid), or
+  // the session it is held for; 0 otherwise.
+  int held_for_pid = 0;
+  int held_for_session = 0;
 };
 
 struct WaitProgress {

@@ -1,4 +1,4 @@
-// Running programs under a lease: `gpulock run` and `gpulock acquire --for-pid` as library calls.
+// Running programs under a lease: `gpulock run` and `gpulock acquire` as library calls.
 #pragma once
 
 #include <sys/types.h>
@@ -37,10 +37,14 @@ inline constexpr int kLeaseLossGraceSeconds = 10;
 //
 // `check`, when set, is called every `check_period` while the command runs; when it returns
 // true the command is stopped as for a lost lease with kKill (SIGTERM, then SIGKILL).
+//
+// `dies_with_runner`: the command gets SIGKILL if this process dies first (a job's supervisor:
+// its job must not run on unsupervised). Its own children are not covered.
 int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleFormat format,
                 LeaseLossAction on_loss = LeaseLossAction::kWarn,
                 const std::function<bool()>& check = {},
-                std::chrono::milliseconds check_period = std::chrono::seconds(2));
+                std::chrono::milliseconds check_period = std::chrono::seconds(2),
+                bool dies_with_runner = false);
 
 // A shared lease's memory watch, for run_command's `check`: reads the pool's status, and when
 // the lease's processes use more memory on one of its GPUs than it reserved, prints a warning
@@ -53,5 +57,21 @@ std::function<bool()> over_memory_check(GpuPool& pool, const Lease& lease, OverM
 // holds the lease. Throws Error(kInvalidArgument) if watched_pid is not a running process.
 // REQUIRES: a single-threaded caller.
 pid_t detach_lease(Lease& lease, pid_t watched_pid);
+
+// Checks `pid` as the process to hold a detached lease for, before waiting for GPUs: throws
+// Error(kInvalidArgument) where the lease would end at once (no such process, or the caller
+// itself: `$BASHPID` inside `$(…)` or `<(…)` names the process that runs gpulock), and returns
+// warnings where it is likely to end too early (pid writes to the same pipe as the caller's
+// standard output: a subshell of the same `$(…)` or `<(…)`).
+std::vector<std::string> check_detached_owner(pid_t pid);
+// True if `pid` is a strict ancestor of the calling process (its parent, the parent's parent…).
+bool is_ancestor_of_caller(pid_t pid);
+
+// The same, held for the caller's session instead (`gpulock acquire` without --for-pid): until
+// `gpulock release` or until no process of that session is left, however its processes are
+// arranged (background subshells, `nohup`, a shell that has exited while its jobs run on).
+// Throws Error(kInvalidArgument) if the caller is the only process of its session.
+// REQUIRES: a single-threaded caller.
+pid_t detach_lease_for_session(Lease& lease);
 
 }  // namespace gpulock

@@ -30,6 +30,9 @@ struct HolderInfo {
   int pid = 0;       // the holding process
   bool holder_alive = false;
   std::vector<int> member_pids;  // command / --for-pid processes the lease covers
+  // A detached lease held for a session (`gpulock acquire` without --for-pid): the session's id;
+  // the lease covers every process of it.
+  std::optional<int> session;
   std::string command;
   std::string label;
   std::chrono::system_clock::time_point started_at;

@@ -74,6 +74,8 @@ class Holder:
     pid: int = 0
     pid_alive: bool = False
     member_pids: List[int] = field(default_factory=list)
+    # A detached lease held for a session (`gpulock acquire` without --for-pid): its id.
+    session: Optional[int] = None
     command: str = ""
     label: str = ""
     started_at: float = 0.0

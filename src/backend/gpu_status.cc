@@ -21,6 +21,7 @@ HolderInfo holder_info(const HolderRecord& r, bool on_this_host) {
   info.pid = r.holder.pid;
   info.holder_alive = on_this_host && is_alive(r.holder);
   for (const auto& m : r.members) info.member_pids.push_back(m.pid);
+  if (r.session > 0) info.session = r.session;
   info.command = r.command;
   info.label = r.label;
   info.started_at = from_unix_seconds(r.started_at);
@@ -29,9 +30,14 @@ HolderInfo holder_info(const HolderRecord& r, bool on_this_host) {
   return info;
 }
 
-// A process is covered by a lease if it is the holder, a member, or a descendant of either.
+// A process is covered by a lease if it is the holder, a member, or a descendant of either, or
+// a process of the session the lease is held for.
 bool covered_by(unsigned pid, const HolderRecord& r) {
   if (is_same_or_descendant(static_cast<pid_t>(pid), r.holder)) return true;
+  if (r.session > 0) {
+    const auto stat = read_process_stat(static_cast<pid_t>(pid));
+    if (stat && stat->session == r.session) return true;
+  }
   return std::any_of(r.members.begin(), r.members.end(), [&](const ProcessId& m) {
     return is_same_or_descendant(static_cast<pid_t>(pid), m);
   });

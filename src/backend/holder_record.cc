@@ -89,6 +89,7 @@ std::string record_json(const HolderRecord& r, std::size_t command_max, std::siz
   }
   out += ']';
   if (r.memory_bytes) out += fmt::format(R"(,"memory_bytes":{})", *r.memory_bytes);
+  if (r.session > 0) out += fmt::format(R"(,"session":{})", r.session);
   out += '}';
   return out;
 }
@@ -123,6 +124,7 @@ struct RecordFields {
   double started_at = 0;
   std::vector<std::string_view> gpus;
   std::optional<std::uint64_t> memory_bytes;
+  std::optional<std::uint64_t> session;
 };
 
 constexpr std::uint64_t kMaxPid = 4194304;
@@ -166,6 +168,10 @@ std::optional<HolderRecord> checked_record(const RecordFields& f) {
     record.gpus.push_back(sanitize_for_display(g, 96));
   }
   record.memory_bytes = f.memory_bytes;
+  if (f.session) {
+    if (*f.session == 0 || *f.session > kMaxPid) return std::nullopt;
+    record.session = static_cast<pid_t>(*f.session);
+  }
   return record;
 }
 
@@ -194,7 +200,8 @@ std::optional<HolderRecord> read_with_full_parser(std::string_view bytes) {
       !required(j, "label", string_member, f.label) ||
       !required(j, "uid", unsigned_member, f.uid) ||
       !required(j, "started_at", number_member, f.started_at) ||
-      !optional(j, "memory_bytes", unsigned_member, f.memory_bytes))
+      !optional(j, "memory_bytes", unsigned_member, f.memory_bytes) ||
+      !optional(j, "session", unsigned_member, f.session))
     return std::nullopt;
   if (!j.contains("holder")) return std::nullopt;
   f.holder = process_from_json(j["holder"]);
@@ -256,8 +263,8 @@ std::optional<RecordFields> read_canonical(std::string_view bytes) {
     } while (in.literal(","));
     if (!in.literal("]")) return std::nullopt;
   }
-  if (!in.optional_member(R"(,"memory_bytes":)", f.memory_bytes) || !in.literal("}") ||
-      !in.at_end())
+  if (!in.optional_member(R"(,"memory_bytes":)", f.memory_bytes) ||
+      !in.optional_member(R"(,"session":)", f.session) || !in.literal("}") || !in.at_end())
     return std::nullopt;
   return f;
 }

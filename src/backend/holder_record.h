@@ -21,7 +21,7 @@ namespace gpulock {
 enum class HolderKind {
   kProcess,   // a process holds it in memory (library, Python): ends with that process
   kRun,       // `gpulock run`: ends when the command's process tree has closed the locks
-  kDetached,  // `gpulock acquire --for-pid`: a detached holder; `gpulock release` ends it
+  kDetached,  // `gpulock acquire`: a detached holder; `gpulock release` ends it
 };
 const char* holder_kind_name(HolderKind kind) noexcept;
 
@@ -42,6 +42,9 @@ struct HolderRecord {
   // A shared lease: the memory it reserves on each of its GPUs (a multiple of the 256 MiB
   // unit); unset for an exclusive lease.
   std::optional<std::uint64_t> memory_bytes;
+  // A detached lease held for a session (`gpulock acquire` without --for-pid): the session's id.
+  // The lease covers every process of that session; 0 for other leases.
+  pid_t session = 0;
 };
 
 // Fixed size of a record on disk: each write replaces the whole record in one pwrite.

@@ -79,10 +79,29 @@ Error not_served(const QueueSnapshot& snapshot, std::size_t me, bool waited,
   return Error(ErrorCode::kTimedOut, why);
 }
 
+namespace {
+
+// Whom a detached lease (`gpulock acquire`) is held for: a session, or one process
+// (--for-pid); both 0 for other leases.
+struct HeldFor {
+  int session = 0;
+  int pid = 0;
+};
+HeldFor held_for(const HolderRecord& r) {
+  if (r.kind != HolderKind::kDetached) return {};
+  if (r.session > 0) return {r.session, 0};
+  return {0, r.members.empty() ? 0 : r.members.front().pid};
+}
+
+}  // namespace
+
 std::string holder_summary(const HolderRecord& r) {
   std::string text =
       fmt::format("leased by {} since {} (lease {}", r.user, clock_time(r.started_at), r.lease_id);
   if (!r.label.empty()) text += ", '" + r.label + "'";
+  const HeldFor held = held_for(r);
+  if (held.session > 0) text += fmt::format(", held for session {}", held.session);
+  if (held.pid > 0) text += fmt::format(", held until pid {} exits", held.pid);
   return text + ")";
 }
 
@@ -106,6 +125,11 @@ std::vector<BlockingGpu> QueueSnapshot::blocking(std::size_t ticket) const {
                    : g >= 0 && locks[g].record         ? holder_summary(*locks[g].record)
                    : g >= 0 && !locks[g].error.empty() ? locks[g].error
                                                        : "leased (details unavailable)";
+        if (g >= 0 && !locks[g].shared && locks[g].record) {
+          const HeldFor held = held_for(*locks[g].record);
+          b.held_for_session = held.session;
+          b.held_for_pid = held.pid;
+        }
         break;
       case Obstacle::Kind::kReserved:
         b.reason = fmt::format("reserved for {} (position {})", request_summary(tickets[*o.by]),

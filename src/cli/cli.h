@@ -1,6 +1,8 @@
 // The gpulock command line: one function per subcommand, over the public library only.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,9 @@ struct RequestOptions {
   VisibleFormat visible_format() const;
 };
 
+// A validator for a duration option (90s, 5m, 2h): a malformed one is a usage error (exit 64).
+CLI::Validator duration_check();
+
 // --backend URL on a command: the backend it uses (over GPULOCK_BACKEND and the config).
 void add_backend_option(CLI::App& command, std::string& backend);
 // The pool the options name: GpuPool::open() with the --backend value when given.
@@ -55,6 +60,8 @@ void add_serve_command(CLI::App& app, int* exit_status);
 void add_usage_command(CLI::App& app, int* exit_status);    // cmd_usage.cc
 void add_log_command(CLI::App& app, int* exit_status);      // cmd_usage.cc
 void add_journal_command(CLI::App& app, int* exit_status);  // `journal seal`
+// submit, jobs, logs, wait, cancel (cmd_jobs.cc).
+void add_job_commands(CLI::App& app, int* exit_status);
 // Prints what sealing the journal did: files on stdout, problems as warnings on stderr. True
 // when every file is sealed (cmd_journal.cc).
 bool print_seal_report(const JournalSealReport& report);
@@ -73,8 +80,12 @@ std::string explain_usage_error(CLI::App& app, const std::vector<std::string>& a
 // whenever what it waits for changes. Returns hooks for GpuPool::acquire.
 WaitHooks make_wait_display(const std::string& what);
 
-// Leases GPUs as the options ask, with the wait display and the simulated-GPU note.
-Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::string& command);
+// Leases GPUs as the options ask, with the wait display and the simulated-GPU note;
+// `also_on_progress`, when set, sees the wait's progress after the display; `interrupted`, when
+// set, ends the wait (Error kInterrupted) once it returns true.
+Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::string& command,
+                      const std::function<void(const WaitProgress&)>& also_on_progress = {},
+                      const std::function<bool()>& interrupted = {});
 
 // `gpulock serve`, its options parsed: in gpulock, runs the gpulock-serve program with the
 // same arguments (serve_exec.cc); in gpulock-serve, runs the server (serve_run.cc).
@@ -86,7 +97,18 @@ inline std::vector<std::string> command_line;
 // Set by main() when gpulock started with its standard output closed.
 inline bool stdout_was_closed = false;
 
+// Set by a command whose output a shell runs (`eval "$(gpulock acquire …)"`): what to print on
+// standard output when the command fails with this exit status, so that the shell stops too.
+inline std::function<std::string(int status)> output_on_failure;
+
 // "gpulock: " + message on stderr.
 void print_error(const std::string& message);
+
+// Seconds since the Unix epoch, now (the jobs' records keep times so).
+inline std::int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 }  // namespace gpulock::cli

@@ -1,16 +1,22 @@
-// `gpulock acquire [selection] [waiting] --for-pid PID`: lease for a shell session.
+// `gpulock acquire [selection] [waiting] [--for-pid PID]`: a lease for a shell.
 //
-//   eval "$(gpulock acquire -n 1 --for-pid $$)"
-//   read GPUID < <(gpulock acquire -n 1 --for-pid $$ --print-ids)
+//   eval "$(gpulock acquire -n 1)"
+//   GPUID=$(gpulock acquire -n 1 --print-ids) || exit
 //
 // prints `export` lines for eval (or, with --print-ids, one line: the GPUs as
-// CUDA_VISIBLE_DEVICES would name them); a detached holder keeps the lease until PID exits or
-// `gpulock release LEASE_ID`.
+// CUDA_VISIBLE_DEVICES would name them); a detached holder keeps the lease until
+// `gpulock release LEASE_ID`, or until no process of the caller's session is left (with
+// --for-pid: until that process exits). When it fails, what it prints for eval stops the shell
+// that runs it: a script exits with gpulock's status, an interactive shell abandons the command
+// line as Ctrl-C would.
 #include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -26,36 +32,76 @@ std::string quoted(const std::string& value) {
   return out + "'";
 }
 
+// For `eval`: a script (or subshell) exits with gpulock's status; an interactive shell, which
+// `exit` would close, abandons the rest of the command line as on Ctrl-C (status 130).
+std::string stop_the_shell(int status) {
+  return fmt::format("case $- in *i*) kill -INT $$ ;; *) exit {} ;; esac\n", status);
+}
+
+// Warns once, while the request waits, when a GPU in its way is held for --for-pid's process and
+// that process is this command's own ancestor: the script then waits on itself.
+std::function<void(const WaitProgress&)> self_wait_warning(pid_t for_pid) {
+  if (for_pid <= 0 || !is_ancestor_of_caller(for_pid)) return {};
+  auto warned = std::make_shared<bool>(false);
+  return [for_pid, warned](const WaitProgress& progress) {
+    if (*warned) return;
+    const auto held_for_us =
+        std::find_if(progress.blocking.begin(), progress.blocking.end(),
+                     [for_pid](const BlockingGpu& b) { return b.held_for_pid == for_pid; });
+    if (held_for_us == progress.blocking.end()) return;
+    *warned = true;
+    print_error(fmt::format(
+        "warning: GPU {} is held until pid {} exits, and pid {} is this command's own "
+        "ancestor (the script that runs it): unless that lease is released (`gpulock release`), "
+        "it frees only after this wait ends, so the script waits on itself. For tasks in "
+        "background subshells, leave out --for-pid: each lease is then held for the session "
+        "until the task releases it (docs/cli.md, \"Tasks in background subshells\")",
+        held_for_us->display_index, for_pid, for_pid));
+  };
+}
+
 }  // namespace
 
 void add_acquire_command(CLI::App& app, int* exit_status) {
   auto* command = app.add_subcommand(
-      "acquire", "Lease GPUs for a shell: prints export lines for eval, holds until PID exits");
+      "acquire",
+      "Lease GPUs for a shell: prints export lines for eval; held until released or until "
+      "the session (or --for-pid's process) has no process left");
   auto options = std::make_shared<RequestOptions>();
-  auto for_pid = std::make_shared<int>(0);
+  auto for_pid = std::make_shared<std::optional<int>>();
   auto print_ids = std::make_shared<bool>(false);
   options->add_to(*command);
-  command->add_option("--for-pid", *for_pid, "Keep the lease until this process exits (e.g. $$)")
-      ->required();
+  command->add_option("--for-pid", *for_pid,
+                      "Hold the lease only until this process exits (default: until no process "
+                      "of this session is left)");
   command->add_flag("--print-ids", *print_ids,
                     "Print only the GPUs, comma-separated as in CUDA_VISIBLE_DEVICES (for "
-                    "read GPUID < <(...))");
+                    "GPUID=$(...))");
   command->footer(
-      "Examples: eval \"$(gpulock acquire -n 2 --for-pid $$)\"\n"
-      "          read GPUID < <(gpulock acquire -n 1 --for-pid $$ --print-ids)");
+      "Examples: eval \"$(gpulock acquire -n 2)\"; ...; gpulock release \"$GPULOCK_LEASE_ID\"\n"
+      "          GPUID=$(gpulock acquire -n 1 --print-ids) || exit\n"
+      "On failure nothing for `read` is printed; for `eval`, a line that stops the shell.");
+  // Set before the options are parsed, so that a malformed option stops an `eval` too. Whether
+  // --print-ids was given is read from the command line: parsing may have failed before it.
+  command->preparse_callback([](std::size_t) {
+    const bool ids =
+        std::find(command_line.begin(), command_line.end(), "--print-ids") != command_line.end();
+    if (!ids && ::isatty(STDOUT_FILENO) == 0) output_on_failure = stop_the_shell;
+  });
   command->callback([options, for_pid, print_ids, exit_status] {
     if (stdout_was_closed)
       throw Error(ErrorCode::kInvalidArgument,
                   "standard output is closed: acquire prints the lease's export lines (or "
                   "GPU ids) there");
     // Check the process before waiting for GPUs that would be handed to nobody.
-    // (kill with signal 0 only checks; EPERM means the process exists but is someone else's.)
-    if (*for_pid <= 0 || (::kill(*for_pid, 0) != 0 && errno == ESRCH))
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("--for-pid {}: no such running process", *for_pid));
+    const std::optional<int> pid = *for_pid;
+    if (pid)
+      for (const auto& warning : check_detached_owner(*pid)) print_error("warning: " + warning);
     GpuPool pool = open_pool(options->backend);
-    Lease lease = acquire_for_cli(pool, *options, fmt::format("acquire --for-pid {}", *for_pid));
-    const pid_t holder = detach_lease(lease, *for_pid);
+    const std::string what = pid ? fmt::format("acquire --for-pid {}", *pid)
+                                 : fmt::format("acquire for session {}", ::getsid(0));
+    Lease lease = acquire_for_cli(pool, *options, what, self_wait_warning(pid.value_or(0)));
+    const pid_t holder = pid ? detach_lease(lease, *pid) : detach_lease_for_session(lease);
     int error = 0;
     try {
       for (const auto& [name, value] : lease_environment(lease, options->visible_format())) {
@@ -72,6 +118,7 @@ void add_acquire_command(CLI::App& app, int* exit_status) {
       // Nobody learns the lease id, so nobody could use or release it: end it now.
       if (error == 0) error = EIO;
       ::kill(holder, SIGTERM);
+      output_on_failure = nullptr;  // the output cannot be written
       throw Error(ErrorCode::kInternal,
                   fmt::format("cannot write the lease's GPUs ({}); lease {} released",
                               std::strerror(error), lease.id()));

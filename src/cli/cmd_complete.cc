@@ -135,6 +135,7 @@ Candidates option_values(const CLI::Option& option, const std::string& current,
 Candidates option_candidates(const CLI::App& command) {
   Candidates out;
   for (const CLI::Option* option : command.get_options()) {
+    if (option->get_group().empty()) continue;  // hidden (run's --job): not for people
     const std::string description = one_line(option->get_description());
     for (const auto& name : option->get_lnames()) out.push_back({"--" + name, description});
     for (const auto& name : option->get_snames()) out.push_back({"-" + name, description});

@@ -1,9 +1,116 @@
-// `gpulock run [selection] [waiting] -- CMD [ARGS…]`: lease GPUs, run a command on them.
+// `gpulock run [selection] [waiting] -- CMD [ARGS…]`: lease GPUs, run a command on them; with
+// the hidden --job, as the supervisor of a job that `gpulock submit` made.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <time.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <string>
+
 #include <fmt/format.h>
 
 #include "cli.h"
 
 namespace gpulock::cli {
+namespace {
+
+std::atomic<bool> stop_asked{false};
+void ask_to_stop(int) {
+  stop_asked.store(true);
+}
+
+// How a run ended, in the job's words.
+void record_end(const std::string& job_dir, JobProgress& progress, int status, bool timed_out) {
+  progress.ended_unix = unix_now();
+  progress.exit_status = status;
+  if (status != 0 && job_cancel_requested(job_dir)) {  // a cancel after a clean exit: done
+    progress.state = JobState::kCancelled;
+    progress.reason = "cancelled";
+  } else if (timed_out) {
+    progress.state = JobState::kTimeout;
+    progress.reason = "stopped at its time limit";
+  } else if (status == 0) {
+    progress.state = JobState::kDone;
+    progress.reason = "exited 0";
+  } else {
+    progress.state = JobState::kFailed;
+    progress.reason = status > 128 ? fmt::format("killed by signal {}", status - 128)
+                                   : fmt::format("exited {}", status);
+  }
+  write_job_progress(job_dir, progress);
+}
+
+// A job's wait before the queue: for the jobs it runs after, then for its --begin time (state
+// `held`). False if it must not run: a job it runs --after did not end `done` (the job ends
+// `dependency-failed`, exit 1). Throws Error(kInterrupted) on a cancel.
+bool wait_for_dependencies(const std::string& job_dir, JobProgress& progress, int* exit_status) {
+  const std::filesystem::path directory(job_dir);
+  const JobStore store = JobStore::open(directory.parent_path());
+  const auto self = store.find(std::stoull(directory.filename().string()));
+  if (!self || !self->problem.empty())
+    throw Error(ErrorCode::kEnvironment,
+                "cannot read the job's own record" + (self ? ": " + self->problem : ""));
+  const JobSpec& spec = self->spec;
+  // A cancel: SIGTERM, or the mark alone (made before this process had said who it is).
+  const auto stop = [&job_dir] { return stop_asked.load() || job_cancel_requested(job_dir); };
+  if (!spec.after.empty() || !spec.after_any.empty() || spec.begin_unix != 0 ||
+      spec.array_limit != 0) {
+    progress.state = JobState::kHeld;
+    write_job_progress(job_dir, progress);
+    if (stop()) throw Error(ErrorCode::kInterrupted, "cancelled");
+  }
+  ::setenv("GPULOCK_JOB_ID", std::to_string(self->id).c_str(), 1);
+  if (spec.array_index)
+    ::setenv("GPULOCK_ARRAY_INDEX", std::to_string(*spec.array_index).c_str(), 1);
+  for (const std::uint64_t id : spec.after) {
+    std::string failure;
+    try {
+      const JobInfo parent = store.wait(id, stop);
+      if (!parent.problem.empty())
+        failure = fmt::format("job {} cannot be read: {}", id, parent.problem);
+      else if (parent.progress.state != JobState::kDone)
+        failure = fmt::format("job {} ended {}", id, job_state_name(parent.progress.state));
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kInterrupted) throw;
+      failure = e.what();
+    }
+    if (!failure.empty()) {
+      progress.state = JobState::kDependencyFailed;
+      progress.ended_unix = unix_now();
+      progress.reason = failure + " (--after)";
+      write_job_progress(job_dir, progress);
+      print_error("not run: " + progress.reason);
+      *exit_status = 1;
+      return false;
+    }
+  }
+  for (const std::uint64_t id : spec.after_any) {
+    try {
+      store.wait(id, stop);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kNotFound) throw;  // removed (jobs --clean): it has ended
+    }
+  }
+  while (spec.begin_unix != 0 && unix_now() < spec.begin_unix) {
+    if (stop())
+      throw Error(ErrorCode::kInterrupted, "cancelled while waiting for its --begin time");
+    // A second at most: SIGTERM cuts it short, and the clock may be set meanwhile.
+    const timespec a_second{1, 0};
+    ::nanosleep(&a_second, nullptr);
+  }
+  // An array's limit (%K) last: a slot is taken only by a job ready to queue.
+  if (spec.array_limit != 0) take_array_slot(store, *self, stop);
+  progress.state = JobState::kWaiting;
+  write_job_progress(job_dir, progress);
+  if (stop()) throw Error(ErrorCode::kInterrupted, "cancelled");
+  return true;
+}
+
+}  // namespace
 
 void add_run_command(CLI::App& app, int* exit_status) {
   auto* command = app.add_subcommand("run", "Lease GPUs, then run a command with them visible");
@@ -23,6 +130,17 @@ void add_run_command(CLI::App& app, int* exit_status) {
                    "Shared leases (--mem): when the command's processes use more GPU memory than "
                    "reserved: warn, or term (SIGTERM, then SIGKILL after 10 s); default: neither")
       ->check(CLI::IsMember({"warn", "term"}));
+  auto time_limit = std::make_shared<std::string>();
+  command
+      ->add_option("--time", *time_limit,
+                   "Stop the command once it has run this long (SIGTERM, then SIGKILL 10 s "
+                   "later), e.g. 30m, 12h")
+      ->check(duration_check());
+  // The supervisor of a job (gpulock submit): its directory, and the descriptor of its lock.
+  auto job_dir = std::make_shared<std::string>();
+  auto job_lock_fd = std::make_shared<int>(-1);
+  command->add_option("--job", *job_dir)->group("");
+  command->add_option("--job-lock-fd", *job_lock_fd)->group("");
   command->add_option("command", *argv, "The command and its arguments (after --)")->required();
   command->footer(
       "The command gets CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER=PCI_BUS_ID, GPULOCK_LEASE_ID and\n"
@@ -31,20 +149,93 @@ void add_run_command(CLI::App& app, int* exit_status) {
       "lease lasts while any process of the command holds it, even if gpulock itself is killed;\n"
       "on Redis gpulock renews it while the command runs. gpulock exits with the command's\n"
       "status (128+N if signal N killed it).");
-  command->callback([options, argv, on_loss, on_over_memory, exit_status] {
+  command->callback([options, argv, on_loss, on_over_memory, time_limit, job_dir, job_lock_fd,
+                     exit_status] {
     if (!on_over_memory->empty() && options->mem.empty() && options->slots == 0)
       throw Error(ErrorCode::kInvalidArgument,
                   "--on-over-memory watches a shared lease: use it with --mem or --slots");
-    GpuPool pool = open_pool(options->backend);
-    Lease lease = acquire_for_cli(pool, *options, fmt::format("{}", fmt::join(*argv, " ")));
-    std::function<bool()> check;
-    if (!on_over_memory->empty())
-      check = over_memory_check(
-          pool, lease,
-          *on_over_memory == "term" ? OverMemoryAction::kTerm : OverMemoryAction::kWarn);
-    *exit_status =
-        run_command(lease, *argv, options->visible_format(),
-                    *on_loss == "kill" ? LeaseLossAction::kKill : LeaseLossAction::kWarn, check);
+    const bool job = !job_dir->empty();
+    JobProgress progress;
+    progress.supervisor_pid = ::getpid();
+    if (job) {
+      // The job's lock stays with this process alone: a command left running after this
+      // process died must not keep the job from showing as lost.
+      if (*job_lock_fd < 0 || ::fcntl(*job_lock_fd, F_SETFD, FD_CLOEXEC) != 0)
+        throw Error(ErrorCode::kInvalidArgument, "--job needs the job's lock (--job-lock-fd)");
+      // `gpulock cancel` sends SIGTERM: while waiting it ends the wait, as a cancel.
+      struct sigaction on_term {};
+      on_term.sa_handler = ask_to_stop;
+      ::sigaction(SIGTERM, &on_term, nullptr);
+    }
+    const auto limit = time_limit->empty()
+                           ? std::optional<std::chrono::milliseconds>()
+                           : std::optional<std::chrono::milliseconds>(parse_duration(*time_limit));
+    std::optional<GpuPool> pool_holder;  // outlives the lease
+    std::optional<Lease> lease;
+    try {
+      if (job && !wait_for_dependencies(*job_dir, progress, exit_status)) return;
+      GpuPool& pool = pool_holder.emplace(open_pool(options->backend));
+      lease = acquire_for_cli(pool, *options, fmt::format("{}", fmt::join(*argv, " ")), {},
+                              job ? std::function<bool()>([dir = *job_dir] {
+                                return stop_asked.load() || job_cancel_requested(dir);
+                              })
+                                  : std::function<bool()>());
+      std::function<bool()> over_memory;
+      if (!on_over_memory->empty())
+        over_memory = over_memory_check(
+            pool, *lease,
+            *on_over_memory == "term" ? OverMemoryAction::kTerm : OverMemoryAction::kWarn);
+      if (job) {
+        if (job_cancel_requested(*job_dir)) throw Error(ErrorCode::kInterrupted, "cancelled");
+        progress.state = JobState::kRunning;
+        progress.started_unix = unix_now();
+        progress.lease_id = lease->id();
+        for (const auto& gpu : lease->gpus()) progress.gpus.push_back(gpu.display_index);
+        write_job_progress(*job_dir, progress);
+      }
+      // Checked every second with a limit or a job (a cancel), else every 2 s for memory.
+      const auto started = std::chrono::steady_clock::now();
+      bool timed_out = false;
+      std::function<bool()> check = over_memory;
+      if (limit || job)
+        check = [&, over_memory] {
+          if (limit && std::chrono::steady_clock::now() - started >= *limit) {
+            if (!timed_out)
+              print_error(
+                  fmt::format("the command ran past its --time {}; stopping it", *time_limit));
+            timed_out = true;
+            return true;
+          }
+          if (job && job_cancel_requested(*job_dir)) return true;
+          return over_memory && over_memory();
+        };
+      *exit_status = run_command(
+          *lease, *argv, options->visible_format(),
+          *on_loss == "kill" ? LeaseLossAction::kKill : LeaseLossAction::kWarn, check,
+          check && (limit || job) ? std::chrono::seconds(1) : std::chrono::seconds(2), job);
+      if (job) record_end(*job_dir, progress, *exit_status, timed_out);
+    } catch (const Error& e) {
+      if (!job) throw;
+      // The job ends here, cancelled or failed, with the reason.
+      progress.ended_unix = unix_now();
+      const bool cancelled = job_cancel_requested(*job_dir);
+      progress.state = cancelled ? JobState::kCancelled : JobState::kFailed;
+      progress.reason = cancelled ? (lease ? "cancelled" : "cancelled while waiting") : e.what();
+      write_job_progress(*job_dir, progress);
+      if (cancelled) {
+        *exit_status = 143;
+        return;
+      }
+      throw;
+    } catch (const std::exception& e) {
+      // Anything else (a malformed record, no memory): the job fails with it, never shows lost.
+      if (!job) throw;
+      progress.ended_unix = unix_now();
+      progress.state = JobState::kFailed;
+      progress.reason = e.what();
+      write_job_progress(*job_dir, progress);
+      throw;
+    }
   });
 }
 

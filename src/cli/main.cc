@@ -64,48 +64,9 @@ int check_output(int status, int error = 0) {
   return status == 0 ? 70 : status;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Parses the command line and runs the command; its exit status.
+int run(CLI::App& app, int argc, char** argv, const int& exit_status) {
   using namespace gpulock;
-  ensure_standard_descriptors();
-  // Write errors on a closed pipe become EPIPE, reported below, instead of killing gpulock
-  // midway (e.g. after `acquire` has started its holder). Commands get SIGPIPE back (run.hpp).
-  ::signal(SIGPIPE, SIG_IGN);
-  // Large blocks (a status of 800 GPUs holds vectors of ~0.3-1 MB) from the heap, not each from
-  // a fresh mmap that is unmapped when freed: freed heap memory is reused, so a short-lived
-  // command faults in its peak memory once instead of every large block it ever had (~800 page
-  // faults to ~600 for `status --pool` of 100 hosts; on a VM a fault can cost 15 us).
-  ::mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
-  cli::command_line.assign(argv, argv + argc);
-  CLI::App app{"gpulock: exclusive GPU leases that never go stale", "gpulock"};
-  app.require_subcommand(1);
-  app.fallthrough(false);
-  int exit_status = 0;
-  cli::add_run_command(app, &exit_status);
-  cli::add_acquire_command(app, &exit_status);
-  cli::add_release_command(app, &exit_status);
-  cli::add_status_command(app, &exit_status);
-  cli::add_queue_command(app, &exit_status);
-  cli::add_gpus_command(app, &exit_status);
-  cli::add_init_command(app, &exit_status);
-  cli::add_doctor_command(app, &exit_status);
-  cli::add_metrics_command(app, &exit_status);
-  cli::add_serve_command(app, &exit_status);
-  cli::add_usage_command(app, &exit_status);
-  cli::add_log_command(app, &exit_status);
-  cli::add_journal_command(app, &exit_status);
-  cli::add_complete_command(app, &exit_status);
-  app.add_subcommand("version", "Print gpulock's version")->callback([] {
-    fmt::print("gpulock {}\n", GPULOCK_VERSION_STRING);
-  });
-  app.set_version_flag("-V,--version", fmt::format("gpulock {}", GPULOCK_VERSION_STRING),
-                       "Print gpulock's version and exit");
-  app.footer(
-      "Exit status: the command's own for `run`; 64 bad usage; 69 can never be served;\n"
-      "70 internal error; 75 no GPU within --timeout or with --no-wait;\n"
-      "78 invalid config file (GPULOCK_CONFIG or /etc/gpulock/config.toml).");
-
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -134,4 +95,56 @@ int main(int argc, char** argv) {
     return 70;
   }
   return check_output(exit_status);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace gpulock;
+  ensure_standard_descriptors();
+  // Write errors on a closed pipe become EPIPE, reported below, instead of killing gpulock
+  // midway (e.g. after `acquire` has started its holder). Commands get SIGPIPE back (run.hpp).
+  ::signal(SIGPIPE, SIG_IGN);
+  // Large blocks (a status of 800 GPUs holds vectors of ~0.3-1 MB) from the heap, not each from
+  // a fresh mmap that is unmapped when freed: freed heap memory is reused, so a short-lived
+  // command faults in its peak memory once instead of every large block it ever had (~800 page
+  // faults to ~600 for `status --pool` of 100 hosts; on a VM a fault can cost 15 us).
+  ::mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
+  cli::command_line.assign(argv, argv + argc);
+  CLI::App app{"gpulock: exclusive GPU leases that never go stale", "gpulock"};
+  app.require_subcommand(1);
+  app.fallthrough(false);
+  int exit_status = 0;
+  cli::add_run_command(app, &exit_status);
+  cli::add_job_commands(app, &exit_status);
+  cli::add_acquire_command(app, &exit_status);
+  cli::add_release_command(app, &exit_status);
+  cli::add_status_command(app, &exit_status);
+  cli::add_queue_command(app, &exit_status);
+  cli::add_gpus_command(app, &exit_status);
+  cli::add_init_command(app, &exit_status);
+  cli::add_doctor_command(app, &exit_status);
+  cli::add_metrics_command(app, &exit_status);
+  cli::add_serve_command(app, &exit_status);
+  cli::add_usage_command(app, &exit_status);
+  cli::add_log_command(app, &exit_status);
+  cli::add_journal_command(app, &exit_status);
+  cli::add_complete_command(app, &exit_status);
+  app.add_subcommand("version", "Print gpulock's version")->callback([] {
+    fmt::print("gpulock {}\n", GPULOCK_VERSION_STRING);
+  });
+  app.set_version_flag("-V,--version", fmt::format("gpulock {}", GPULOCK_VERSION_STRING),
+                       "Print gpulock's version and exit");
+  app.footer(
+      "Exit status: the command's own for `run`; 64 bad usage; 69 can never be served;\n"
+      "70 internal error; 75 no GPU within --timeout or with --no-wait;\n"
+      "78 invalid config file (GPULOCK_CONFIG or /etc/gpulock/config.toml).");
+
+  const int status = run(app, argc, argv, exit_status);
+  // A command whose output a shell runs (acquire for eval) stops that shell too.
+  if (status != 0 && cli::output_on_failure) {
+    fmt::print("{}", cli::output_on_failure(status));
+    std::fflush(stdout);
+  }
+  return status;
 }

@@ -28,6 +28,10 @@ CLI::Validator parsed_by(Parser parser, const char* name) {
 
 }  // namespace
 
+CLI::Validator duration_check() {
+  return parsed_by(parse_duration, "DURATION");
+}
+
 void RequestOptions::add_to(CLI::App& command) {
   auto* count_option =
       command.add_option("-n,--count", count, "Number of GPUs to lease (any suitable ones)")
@@ -118,7 +122,9 @@ VisibleFormat RequestOptions::visible_format() const {
   return visible == "uuid" ? VisibleFormat::kUuid : VisibleFormat::kIndex;
 }
 
-Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::string& command) {
+Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::string& command,
+                      const std::function<void(const WaitProgress&)>& also_on_progress,
+                      const std::function<bool()>& interrupted) {
   LeaseRequest request = options.to_request();
   request.command = command;
   for (const auto& warning : pool.warnings()) print_error("warning: " + warning);
@@ -132,7 +138,19 @@ Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::s
     } else if (request.slots) {
       what = fmt::format("1/{} of {}", *request.slots, what);
     }
-    lease = pool.acquire(request, make_wait_display(what));
+    WaitHooks hooks = make_wait_display(what);
+    if (interrupted) {
+      hooks.interrupted = interrupted;
+      // A signal ends the wait's sleep at once; this only bounds the delay for one that lands
+      // just before a sleep starts, and keeps a thousand waiting jobs asleep.
+      hooks.interrupt_poll = std::chrono::seconds(10);
+    }
+    if (also_on_progress)
+      hooks.on_progress = [display = hooks.on_progress, also_on_progress](const WaitProgress& p) {
+        display(p);
+        also_on_progress(p);
+      };
+    lease = pool.acquire(request, hooks);
   } catch (...) {
     if (terminal) fmt::print(stderr, "\r\033[K");  // clear the live waiting line
     throw;

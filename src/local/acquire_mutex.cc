@@ -1,12 +1,15 @@
-// AcquireMutex: taking the machine-wide acquire mutex, sleeping on its wake FIFO in between.
+// AcquireMutex: taking the machine-wide acquire mutex, waiting for it in the kernel's line.
 #include "local/acquire_mutex.h"
 
-#include <poll.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <random>
+#include <system_error>
 #include <thread>
 
 #include <fmt/format.h>
@@ -14,96 +17,179 @@
 #include "gpulock/error.hpp"
 #include "local/fork_guard.h"
 #include "local/gpu_lock_file.h"
+#include "util/current_pid.h"
 #include "util/fork_gate.h"
 
 namespace gpulock {
 
-AcquireMutex::AcquireMutex(const LockDirectory& dir, std::chrono::milliseconds safety_interval)
-    : dir_(dir), safety_interval_(safety_interval) {}
+// Shared by the caller and the helper thread that makes the blocking request.
+struct AcquireMutex::KernelWait {
+  std::mutex mutex;
+  std::condition_variable answered_cv;
+  bool answered = false;  // the kernel granted the lock (or refused: error)
+  int error = 0;
+  bool abandoned = false;  // the caller gave up: the helper lets go of a lock it gets
+  bool held = false;       // granted while wanted: the caller's descriptor holds the lock now
+  UniqueFd fd;             // a duplicate of the mutex's descriptor: the same lock
+};
+
+AcquireMutex::AcquireMutex(const LockDirectory& dir) : dir_(dir) {}
 
 AcquireMutex::~AcquireMutex() {
   if (!fd_) return;
   const ForkGate gate;  // unguarded and closed in one step
   forget_in_forked_child(fd_.get());
   fd_.reset();
+  // A request still queued keeps its own duplicate, and lets go of the lock once granted.
 }
 
 void AcquireMutex::Hold::release() {
   if (!mutex_) return;
-  mutex_->let_go();
+  unlock(mutex_->fd_.get());
   mutex_ = nullptr;
   threads_.unlock();
 }
 
-AcquireMutex::Hold AcquireMutex::hold(Clock::time_point give_up) {
+AcquireMutex::Hold AcquireMutex::hold(Clock::time_point give_up,
+                                      const std::function<bool()>& interrupted,
+                                      std::chrono::milliseconds interrupt_poll) {
   std::unique_lock<std::mutex> threads(threads_);
-  open_files();
-  take(give_up);
+  open_file();
+  take(give_up, interrupted, interrupt_poll);
   return Hold(*this, std::move(threads));
 }
 
-void AcquireMutex::open_files() {
-  if (!fd_) {
-    // A child forked while another thread holds the mutex must not keep it (fork_guard.h), so
-    // the descriptor is guarded in the same step as it is opened. The FIFO needs no such care:
-    // it holds no lock, and a byte too many only costs an attempt.
-    const ForkGate gate;
-    fd_ = dir_.open_acquire_mutex();
-    reopen_in_forked_child(fd_.get(), dir_.fd(), LockDirectory::kAcquireMutexName);
+void AcquireMutex::open_file() {
+  if (fd_) return;
+  // A child forked while another thread holds the mutex must not keep it (fork_guard.h), so the
+  // descriptor is guarded in the same step as it is opened.
+  const ForkGate gate;
+  fd_ = dir_.open_acquire_mutex();
+  reopen_in_forked_child(fd_.get(), dir_.fd(), LockDirectory::kAcquireMutexName);
+}
+
+void AcquireMutex::timed_out() const {
+  throw Error(ErrorCode::kTimedOut,
+              fmt::format("the machine-wide acquire lock {} is held by another process and was "
+                          "not released in time (a stopped or misbehaving process?)",
+                          (dir_.path() / LockDirectory::kAcquireMutexName).string()));
+}
+
+namespace {
+
+[[noreturn]] void interrupted_error() {
+  throw Error(ErrorCode::kInterrupted,
+              "interrupted while waiting for the machine-wide acquire lock");
+}
+
+}  // namespace
+
+void AcquireMutex::request_in_kernel(const std::shared_ptr<KernelWait>& wait) {
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  int result = 0;
+  while ((result = ::fcntl(wait->fd.get(), F_OFD_SETLKW, &lock)) != 0 && errno == EINTR) {
   }
-  // A FIFO that could not be used (not made yet by another user, or its mode not set yet) is
-  // tried again now and then, not at every acquisition.
-  if (!wake_fd_ && Clock::now() >= next_wake_try_) {
-    wake_fd_ = dir_.open_acquire_wake();
-    if (!wake_fd_) next_wake_try_ = Clock::now() + kWakeRetryInterval;
+  const int error = result == 0 ? 0 : errno;
+  {
+    const std::lock_guard<std::mutex> guard(wait->mutex);
+    // Granted to a caller that gave up: the next in line gets it at once.
+    if (error == 0 && wait->abandoned) unlock(wait->fd.get());
+    wait->held = error == 0 && !wait->abandoned;
+    wait->error = error;
+    wait->answered = true;
+  }
+  wait->answered_cv.notify_all();
+  // The duplicate goes: the lock, if the caller has it, stays with the caller's descriptor.
+  const ForkGate gate;
+  forget_in_forked_child(wait->fd.get());
+  wait->fd.reset();
+}
+
+void AcquireMutex::take(Clock::time_point give_up, const std::function<bool()>& interrupted,
+                        std::chrono::milliseconds interrupt_poll) {
+  if (pending_ && pending_owner_ != current_pid()) pending_.reset();  // a forked child's copy
+  while (true) {
+    if (!pending_) {
+      if (try_lock_exclusive(fd_.get())) return;
+      pending_ = start_request();
+      if (!pending_) return poll_for(give_up, interrupted);  // no helper to be had
+      pending_owner_ = current_pid();
+    }
+    // Made now, or taken over from a caller that gave up: cleared once answered.
+    KernelWait& wait = *pending_;
+    wait_for(wait, give_up, interrupted, interrupt_poll);
+    const bool held = wait.held;
+    const int error = wait.error;
+    pending_.reset();
+    if (held) return;
+    // Refused outright (ENOLCK, say): wait as a process without a helper would.
+    if (error != 0) return poll_for(give_up, interrupted);
+    // Granted after its caller gave up, and let go at once: into the line again.
   }
 }
 
-void AcquireMutex::take(Clock::time_point give_up) {
-  const auto started = Clock::now();
-  auto pause = std::chrono::microseconds(1000);
+std::shared_ptr<AcquireMutex::KernelWait> AcquireMutex::start_request() {
+  auto wait = std::make_shared<KernelWait>();
+  {
+    // Guarded at once: a child forked while the helper holds the lock must not keep it.
+    const ForkGate gate;
+    wait->fd = UniqueFd(::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 3));
+    if (!wait->fd) return nullptr;
+    close_in_forked_child(wait->fd.get());
+  }
+  // The helper takes no signal: handlers run on the caller's threads, as they expect.
+  sigset_t all, previous;
+  ::sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &previous);
+  bool started = true;
+  try {
+    std::thread(request_in_kernel, wait).detach();
+  } catch (const std::system_error&) {
+    started = false;  // no thread to be had (RLIMIT_NPROC, say)
+  }
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  if (started) return wait;
+  const ForkGate gate;
+  forget_in_forked_child(wait->fd.get());
+  wait->fd.reset();
+  return nullptr;
+}
+
+void AcquireMutex::wait_for(KernelWait& wait, Clock::time_point give_up,
+                            const std::function<bool()>& interrupted,
+                            std::chrono::milliseconds interrupt_poll) {
+  std::unique_lock<std::mutex> guard(wait.mutex);
+  wait.abandoned = false;
+  while (!wait.answered) {
+    Clock::time_point until = give_up;
+    if (interrupted) until = std::min(until, Clock::now() + interrupt_poll);
+    wait.answered_cv.wait_until(guard, until, [&] { return wait.answered; });
+    if (wait.answered) break;
+    if (Clock::now() >= give_up) {
+      wait.abandoned = true;
+      timed_out();
+    }
+    if (interrupted) {
+      guard.unlock();  // the caller's code, maybe slow: the helper must not wait for it
+      const bool stop = interrupted();
+      guard.lock();
+      if (wait.answered) break;
+      if (stop) {
+        wait.abandoned = true;
+        interrupted_error();
+      }
+    }
+  }
+}
+
+void AcquireMutex::poll_for(Clock::time_point give_up, const std::function<bool()>& interrupted) {
   thread_local std::minstd_rand jitter(static_cast<unsigned>(::getpid()));
   while (!try_lock_exclusive(fd_.get())) {
-    const auto now = Clock::now();
-    if (now >= give_up) {
-      throw Error(ErrorCode::kTimedOut,
-                  fmt::format("the machine-wide acquire lock {} is held by another process and "
-                              "was not released in time (a stopped or misbehaving process?)",
-                              (dir_.path() / LockDirectory::kAcquireMutexName).string()));
-    }
-    const bool long_held = now - started >= std::chrono::milliseconds(100);
-    if (wake_fd_) {
-      // Until a holder lets go (its byte), or the safety interval passes. A byte written between
-      // the failed attempt and the poll is still there, unless another waiter read it: that
-      // one tries the mutex, and whoever then holds it writes again when it lets go.
-      auto timeout =
-          long_held ? std::max(safety_interval_, std::chrono::milliseconds(10)) : safety_interval_;
-      timeout = std::min(timeout, std::chrono::ceil<std::chrono::milliseconds>(give_up - now));
-      pollfd wake{wake_fd_.get(), POLLIN, 0};
-      if (::poll(&wake, 1, static_cast<int>(timeout.count())) > 0 && (wake.revents & POLLIN)) {
-        // One read, whatever is left: a FIFO kept full by someone must not keep us from
-        // trying the mutex and watching the clock.
-        char bytes[4096];
-        [[maybe_unused]] const ssize_t drained = ::read(wake_fd_.get(), bytes, sizeof bytes);
-      }
-    } else if (!long_held) {
-      // Short and random: a doubling back-off let later arrivals with short pauses take every
-      // free slot from earlier ones.
-      std::this_thread::sleep_for(std::chrono::microseconds(20 + jitter() % 180));
-    } else {
-      // Something is wrong with the holder: spare the CPU.
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(10000));
-    }
-  }
-}
-
-void AcquireMutex::let_go() {
-  unlock(fd_.get());
-  if (wake_fd_) {
-    // Non-blocking: a full FIFO has bytes for whoever waits already.
-    const char byte = 1;
-    [[maybe_unused]] const ssize_t ignored = ::write(wake_fd_.get(), &byte, 1);
+    if (Clock::now() >= give_up) timed_out();
+    if (interrupted && interrupted()) interrupted_error();
+    std::this_thread::sleep_for(std::chrono::microseconds(500 + jitter() % 1500));
   }
 }
 

@@ -163,7 +163,14 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   std::optional<IndexEntry> watching;
   std::optional<IndexEntry> watched_gone;
   bool oldest = false;  // the oldest waiter (it also sweeps the queue at its safety re-check)
+  // When it last swept, or became the oldest: the safety interval counts from there, so that in a
+  // queue served quickly (a sweep launched at once) the waiters that become the oldest in turn,
+  // each after a long wait, do not each read every ticket as they come to the front.
   Clock::time_point last_sweep = start;
+  const auto become_oldest = [&] {
+    if (!oldest) last_sweep = Clock::now();
+    oldest = true;
+  };
   // A waiter that leaves the queue alive wakes the one after it, which watched its process and
   // must now watch the one before it (whoever leaves dead, the pidfd tells).
   struct WakeSuccessorOnExit {
@@ -232,7 +239,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       // The oldest now: no longer a backup that lets releases wait backup_dispatcher_delay.
       if (made_oldest) {
         backup_dispatcher = false;
-        oldest = true;
+        become_oldest();
       }
     }
     made_oldest = false;
@@ -243,7 +250,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     recheck_cheaply = false;
     if (!skip_plan) {
       WakesAfterRelease wakes{*this, {}};
-      AcquireMutex::Hold held = hold_acquire_mutex(deadline, start);
+      AcquireMutex::Hold held = hold_acquire_mutex(deadline, start, hooks);
 
       // The ring watcher learnt that the waiter before it ended: its slot goes now.
       if (watched_gone) {
@@ -443,7 +450,11 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // unless three are stopped; the others sleep until someone wakes them.
         dispatcher = k < kDispatchers;
         backup_dispatcher = dispatcher && k > 0;
-        oldest = k == 0;
+        if (k == 0) {
+          become_oldest();
+        } else {
+          oldest = false;
+        }
         // Having just started to watch, look at the locks again: a release between our look
         // and the watch would otherwise go unnoticed.
         if (channel->watch_releases(dir_.fd(), dispatcher)) {

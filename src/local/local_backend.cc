@@ -26,9 +26,11 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 AcquireMutex::Hold LocalBackend::hold_acquire_mutex(Clock::time_point deadline,
-                                                    Clock::time_point start) {
+                                                    Clock::time_point start,
+                                                    const WaitHooks& hooks) {
   constexpr auto kAcquireMutexGrace = std::chrono::seconds(2);
-  return acquire_mutex_.hold(std::max(deadline, start + kAcquireMutexGrace));
+  return acquire_mutex_.hold(std::max(deadline, start + kAcquireMutexGrace), hooks.interrupted,
+                             hooks.interrupt_poll);
 }
 
 LocalBackend::LocalBackend(std::unique_ptr<DeviceSource> source, PoolOptions options)

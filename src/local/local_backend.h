@@ -124,9 +124,11 @@ class LocalBackend final : public LeaseBackend {
 
   // Takes the machine-wide acquire mutex, or throws kTimedOut at `deadline`, though never
   // before kAcquireMutexGrace after `start`: others hold it for microseconds, and even a request
-  // that does not wait gets that long before it blames the mutex's holder.
+  // that does not wait gets that long before it blames the mutex's holder. Stops, with
+  // kInterrupted, when the caller's hooks ask.
   AcquireMutex::Hold hold_acquire_mutex(std::chrono::steady_clock::time_point deadline,
-                                        std::chrono::steady_clock::time_point start);
+                                        std::chrono::steady_clock::time_point start,
+                                        const WaitHooks& hooks);
 
   // The queue directory, opened on first use. Without `create`, nullptr while it does not
   // exist (nobody has waited yet, or the lock directory is read-only to us).

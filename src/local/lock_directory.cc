@@ -274,8 +274,6 @@ void LockDirectory::prepare(const std::vector<std::string>& uuids) const {
   };
   make_root_owned(dir_fd_.get(), kSharedDirMode, path_.string());
   make_root_owned(open_acquire_mutex().get(), kLockFileMode, "the acquire mutex file");
-  if (const UniqueFd wake = open_acquire_wake())
-    make_root_owned(wake.get(), kLockFileMode, "the acquire mutex's wake FIFO");
   make_root_owned(open_shared_file(kDeparturesName).get(), kLockFileMode,
                   "the queue's departures file");
   for (const auto& uuid : uuids)
@@ -311,23 +309,6 @@ LockDirectory LockDirectory::duplicate() const {
   handle.warnings_ = warnings_;
   handle.advice_ = advice_;
   return handle;
-}
-
-UniqueFd LockDirectory::open_acquire_wake() const {
-  // Made by whoever comes first; the mode is set after the umask has had its say. Opened
-  // without O_CREAT, which fs.protected_fifos restricts in a sticky directory.
-  const bool made = ::mkfifoat(dir_fd_.get(), kAcquireWakeName, kLockFileMode) == 0;
-  UniqueFd fd(::openat(dir_fd_.get(), kAcquireWakeName,
-                       O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY));
-  // One link only: a FIFO linked in from elsewhere (another program's) must not be written to,
-  // nor made root-owned and world-writable by `gpulock init`.
-  struct stat st {};
-  if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISFIFO(st.st_mode) || st.st_nlink != 1)
-    return UniqueFd();
-  // Repaired when ours (its maker may have been killed before it set the mode).
-  if (made || (st.st_uid == ::geteuid() && (st.st_mode & 07777) != kLockFileMode))
-    ::fchmod(fd.get(), kLockFileMode);
-  return fd;
 }
 
 }  // namespace gpulock

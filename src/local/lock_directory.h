@@ -56,12 +56,6 @@ class LockDirectory {
   // The file whose lock serialises acquisitions machine-wide (".acquire.lock").
   static constexpr const char* kAcquireMutexName = ".acquire.lock";
   UniqueFd open_acquire_mutex() const;
-  // The FIFO on which processes waiting for that lock sleep (".acquire.wake", mode 0666; see
-  // acquire_mutex.h), created when missing and opened for reading and writing, non-blocking;
-  // an empty descriptor where it cannot be used (a file of another kind under its name, or one
-  // this process may not open), and the waiters poll instead.
-  static constexpr const char* kAcquireWakeName = ".acquire.wake";
-  UniqueFd open_acquire_wake() const;
 
   // The file whose closes announce that a waiter left the queue (".queue.departures", mode
   // 0666): each waiter keeps a descriptor of its own open on it while it waits, and the close of

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -106,7 +107,7 @@ std::vector<std::pair<std::string, std::string>> lease_environment(const Lease& 
 
 int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleFormat format,
                 LeaseLossAction on_loss, const std::function<bool()>& check,
-                std::chrono::milliseconds check_period) {
+                std::chrono::milliseconds check_period, bool dies_with_runner) {
   if (argv.empty()) throw Error(ErrorCode::kInvalidArgument, "no command to run");
 
   // Prepare everything the child needs before forking: after fork it only execs.
@@ -230,9 +231,44 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
       ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK),
       "posix_spawnattr_setflags");
   pid_t child = -1;
-  int spawn_error =
-      ::posix_spawnp(&child, args[0], &actions, &attributes, args.data(), envp.data());
-  if (spawn_error == ENOEXEC) {
+  int spawn_error = 0;
+  if (dies_with_runner) {
+    // posix_spawn cannot ask for a death signal: fork, and in the child only async-signal-safe
+    // steps before exec (the lock descriptors were made inheritable above, or are here).
+    const pid_t runner = ::getpid();
+    int ready[2];
+    if (::pipe2(ready, O_CLOEXEC) != 0)
+      throw Error(ErrorCode::kInternal, errno_message("pipe2", errno));
+    child = ::fork();
+    if (child == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != runner) ::_exit(137);  // the runner died before the line above
+      for (int fd : lease.lock_fds()) ::fcntl(fd, F_SETFD, 0);
+      ::signal(SIGPIPE, SIG_DFL);
+      ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+      ::execvpe(args[0], args.data(), envp.data());
+      const int error = errno;
+      [[maybe_unused]] const ssize_t n = ::write(ready[1], &error, sizeof error);
+      ::_exit(127);
+    }
+    ::close(ready[1]);
+    if (child < 0) {
+      spawn_error = errno;
+    } else {
+      int error = 0;
+      ssize_t n;
+      while ((n = ::read(ready[0], &error, sizeof error)) < 0 && errno == EINTR) {
+      }
+      if (n == static_cast<ssize_t>(sizeof error)) {
+        spawn_error = error;
+        ::waitpid(child, nullptr, 0);
+      }
+    }
+    ::close(ready[0]);
+  } else {
+    spawn_error = ::posix_spawnp(&child, args[0], &actions, &attributes, args.data(), envp.data());
+  }
+  if (spawn_error == ENOEXEC && !dies_with_runner) {
     // A script without "#!": a shell runs it with /bin/sh, as execvp does and posix_spawnp
     // (since glibc 2.28) does not. The shell finds the program as we would have.
     std::vector<char*> through_shell = {const_cast<char*>("sh"), const_cast<char*>("-c"),

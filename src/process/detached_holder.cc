@@ -1,9 +1,11 @@
-// detach_lease(): a daemon-like holder that keeps a lease until a watched process exits.
+// detach_lease(): a daemon-like holder that keeps a lease until the processes it is held for
+// are gone: one watched process, or every process of the caller's session.
 //
 // The holder is a grandchild in its own session, with stdin/stdout/stderr on /dev/null (so
 // `eval "$(gpulock acquire …)"` is not kept waiting) and every descriptor but the lease's closed.
-// It sleeps in poll() on a pidfd of the watched process and a signalfd for SIGTERM/SIGINT/SIGHUP,
-// so it costs nothing while it waits and wakes at once when either happens.
+// It sleeps in poll() on pidfds of the watched processes (process/owner_watch.h) and a signalfd
+// for SIGTERM/SIGINT/SIGHUP, so it costs nothing while it waits and wakes at once when either
+// happens.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -23,22 +25,38 @@
 #include "backend/lease_state.h"
 #include "gpulock/error.hpp"
 #include "gpulock/run.hpp"
+#include "process/owner_watch.h"
 #include "process/process_identity.h"
 #include "util/fd.h"
+#include "util/helper_threads.h"
 
 namespace gpulock {
 namespace {
 
-constexpr int kFallbackPollMs = 1000;  // only where pidfd_open is unavailable (Linux < 5.3)
-
+// Closes every descriptor from 3 up but those in `keep`: with close_range(), a call per gap
+// between kept descriptors (a loop over every possible descriptor cost the holder up to 65,536
+// close() calls, 20-40 ms, where the limit on open files is high); one by one on kernels
+// before 5.9.
 void close_all_except(const std::set<int>& keep) {
+  unsigned first = 3;
+  bool ranges = true;
+  for (const int fd : keep) {
+    if (fd < static_cast<int>(first)) continue;
+    if (fd > static_cast<int>(first) &&
+        ::close_range(first, static_cast<unsigned>(fd) - 1, 0) != 0) {
+      ranges = false;
+      break;
+    }
+    first = static_cast<unsigned>(fd) + 1;
+  }
+  if (ranges && ::close_range(first, ~0U, 0) == 0) return;
   const long limit = std::min<long>(::sysconf(_SC_OPEN_MAX), 65536);
   for (int fd = 3; fd < limit; ++fd)
     if (!keep.contains(fd)) ::close(fd);
 }
 
 [[noreturn]] void hold_until_done(Lease& lease, LeaseKeeper* keeper, LeaseJournalDebt* journal,
-                                  const ProcessId& watched, int pidfd, int ready_fd) {
+                                  OwnerWatch& owners, pid_t watched_pid, int ready_fd) {
   const int null_fd = ::open("/dev/null", O_RDWR);
   if (null_fd >= 0) {
     ::dup2(null_fd, 0);
@@ -58,14 +76,15 @@ void close_all_except(const std::set<int>& keep) {
   const int signals = ::signalfd(-1, &stop_signals, SFD_CLOEXEC);
 
   std::set<int> keep(lease.lock_fds().begin(), lease.lock_fds().end());
-  keep.insert({pidfd, ready_fd, signals});
+  keep.insert({ready_fd, signals});
+  for (const int fd : owners.descriptors()) keep.insert(fd);
   close_all_except(keep);
   if (journal && journal->journal) journal->journal->forget_descriptors();
   // A lease that is renewed (Redis) is renewed from here on, by this process.
   if (keeper) keeper->resume_in_child();
   if (journal) journal->owner = ::getpid();  // this holder writes the journal's end now
 
-  lease.set_holder(::getpid(), "detached", watched.pid);
+  lease.set_holder(::getpid(), "detached", watched_pid, owners.session_id());
   const pid_t self = ::getpid();  // "ready": the holder's pid
   [[maybe_unused]] const ssize_t n = ::write(ready_fd, &self, sizeof self);
   ::close(ready_fd);
@@ -77,15 +96,17 @@ void close_all_except(const std::set<int>& keep) {
     const std::uint64_t one = 1;
     [[maybe_unused]] const ssize_t written = ::write(lost, &one, sizeof one);
   });
+  std::vector<pollfd> fds;
   while (true) {
-    pollfd fds[3] = {{signals, POLLIN, 0}, {lost, POLLIN, 0}, {pidfd, POLLIN, 0}};
-    const int count = pidfd >= 0 ? 3 : 2;
-    const int ready_count = ::poll(fds, count, pidfd >= 0 ? -1 : kFallbackPollMs);
+    fds.assign({{signals, POLLIN, 0}, {lost, POLLIN, 0}});
+    for (const int fd : owners.descriptors()) fds.push_back({fd, POLLIN, 0});
+    const bool fallback = fds.size() == 2;  // no pidfds (Linux < 5.3): look every so often
+    const int ready_count =
+        ::poll(fds.data(), fds.size(),
+               fallback ? static_cast<int>(OwnerWatch::kFallbackPoll.count()) : -1);
     if (ready_count < 0 && errno != EINTR) break;
-    if (ready_count > 0 &&
-        (fds[0].revents != 0 || fds[1].revents != 0 || (count == 3 && fds[2].revents != 0)))
-      break;
-    if (pidfd < 0 && !is_alive(watched)) break;
+    if (ready_count > 0 && (fds[0].revents != 0 || fds[1].revents != 0)) break;
+    if ((ready_count > 0 || fallback) && owners.gone()) break;
   }
   // Releasing closes the lock descriptors (the kernel releases the GPUs) or ends the Redis lease.
   lease.release();
@@ -94,17 +115,13 @@ void close_all_except(const std::set<int>& keep) {
 
 }  // namespace
 
-pid_t detach_lease(Lease& lease, pid_t watched_pid) {
-  const auto watched = process_id_of(watched_pid);
-  if (watched_pid <= 0 || !watched)
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("--for-pid {}: no such running process", watched_pid));
-  UniqueFd pidfd(open_pidfd(watched_pid));
-  // A pidfd refers to the process itself: check it is still the one we identified.
-  if (!is_alive(*watched))
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("--for-pid {}: the process exited", watched_pid));
+// Hands the lease to a holder process; a friend of Lease, for its keeper and journal.
+class DetachedHolder {
+ public:
+  static pid_t start(Lease& lease, OwnerWatch owners, pid_t watched_pid);
+};
 
+pid_t DetachedHolder::start(Lease& lease, OwnerWatch owners, pid_t watched_pid) {
   // No thread may hold a lock across fork: the keeper's renewals stop until the holder resumes.
   LeaseKeeper* keeper = lease.state_ ? lease.state_->keeper.get() : nullptr;
   if (keeper) keeper->prepare_fork();
@@ -120,7 +137,7 @@ pid_t detach_lease(Lease& lease, pid_t watched_pid) {
     ::setsid();
     const pid_t holder = ::fork();
     if (holder == 0)
-      hold_until_done(lease, keeper, journal, *watched, pidfd.get(), ready_write.get());
+      hold_until_done(lease, keeper, journal, owners, watched_pid, ready_write.get());
     ::_exit(holder < 0 ? 1 : 0);
   }
   ready_write.reset();
@@ -141,6 +158,42 @@ pid_t detach_lease(Lease& lease, pid_t watched_pid) {
   if (journal) journal->owner = 0;  // and writes the journal's end record
   // The caller's own copies of the descriptors go with its Lease; the holder keeps the GPUs.
   return holder;
+}
+
+pid_t detach_lease(Lease& lease, pid_t watched_pid) {
+  return DetachedHolder::start(lease, OwnerWatch::process(watched_pid), watched_pid);
+}
+
+std::vector<std::string> check_detached_owner(pid_t pid) {
+  if (pid == ::getpid())
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("--for-pid {} is this gpulock process itself ($BASHPID inside $(…) "
+                            "or <(…) names the process that runs gpulock): the lease would end "
+                            "as soon as it is taken. Leave out --for-pid to hold the lease for "
+                            "this session, or take the pid outside: me=$BASHPID; … --for-pid $me",
+                            pid));
+  if (pid <= 0 || !process_id_of(pid))
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("--for-pid {}: no such running process", pid));
+  std::vector<std::string> warnings;
+  if (writes_to_pipe_of(pid, STDOUT_FILENO))
+    warnings.push_back(fmt::format(
+        "--for-pid {} writes to the same pipe as gpulock's output: it is a subshell of the same "
+        "$(…) or <(…), which ends once that output is read, and the lease ends with it. Leave "
+        "out --for-pid to hold the lease for this session until `gpulock release`",
+        pid));
+  return warnings;
+}
+
+bool is_ancestor_of_caller(pid_t pid) {
+  const auto id = process_id_of(pid);
+  return id && pid != ::getpid() && is_same_or_descendant(::getpid(), *id);
+}
+
+pid_t detach_lease_for_session(Lease& lease) {
+  const pid_t session = ::getsid(0);
+  if (session < 0) throw Error(ErrorCode::kInternal, errno_message("getsid", errno));
+  return DetachedHolder::start(lease, OwnerWatch::session(session, {::getpid()}), 0);
 }
 
 }  // namespace gpulock

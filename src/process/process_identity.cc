@@ -1,8 +1,10 @@
 // Process identity from /proc: start times, parents, owners.
 #include "process/process_identity.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pwd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -10,6 +12,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -46,7 +49,7 @@ std::optional<ProcessStat> read_process_stat(pid_t pid) {
   ProcessStat stat;
   stat.comm = std::string(line.substr(open + 1, close - open - 1));
   // The fields after COMM, separated by single spaces: state is field 3, the parent field 4,
-  // the start time field 22.
+  // the session field 6, the start time field 22.
   std::string_view rest = line.substr(close + 1);
   std::string_view fields[20];
   std::size_t count = 0;
@@ -63,11 +66,14 @@ std::optional<ProcessStat> read_process_stat(pid_t pid) {
     const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
     return error == std::errc() && end == text.data() + text.size();
   };
-  unsigned long long parent = 0, start = 0;
-  // fields[0] is field 3 (state), fields[1] field 4 (parent), fields[19] field 22 (start).
-  if (!number(fields[1], parent) || !number(fields[19], start)) return std::nullopt;
+  unsigned long long parent = 0, session = 0, start = 0;
+  // fields[0] is field 3 (state), fields[1] field 4 (parent), fields[3] field 6 (session),
+  // fields[19] field 22 (start).
+  if (!number(fields[1], parent) || !number(fields[3], session) || !number(fields[19], start))
+    return std::nullopt;
   if (fields[0] == "Z" || fields[0] == "X") return std::nullopt;  // exited, not yet reaped
   stat.parent = static_cast<pid_t>(parent);
+  stat.session = static_cast<pid_t>(session);
   stat.start_ticks = start;
   return stat;
 }
@@ -125,6 +131,34 @@ bool is_same_or_descendant(pid_t descendant, const ProcessId& ancestor) {
     current = stat->parent;
   }
   return false;
+}
+
+bool writes_to_pipe_of(pid_t pid, int fd) {
+  struct stat pipe_stat {};
+  if (::fstat(fd, &pipe_stat) != 0 || !S_ISFIFO(pipe_stat.st_mode)) return false;
+  const std::string pipe_name = "pipe:[" + std::to_string(pipe_stat.st_ino) + "]";
+  const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+  DIR* dir = ::opendir(fd_dir.c_str());
+  if (dir == nullptr) return false;
+  bool writes = false;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    char target[64];
+    const ssize_t n = ::readlinkat(::dirfd(dir), entry->d_name, target, sizeof target);
+    if (n <= 0 || std::string_view(target, static_cast<std::size_t>(n)) != pipe_name) continue;
+    // Both ends read as the same pipe: the descriptor's open flags tell them apart.
+    std::ifstream info("/proc/" + std::to_string(pid) + "/fdinfo/" + entry->d_name);
+    std::string line;
+    while (std::getline(info, line)) {
+      if (!line.starts_with("flags:")) continue;
+      const unsigned long flags = std::strtoul(line.c_str() + 6, nullptr, 8);
+      if ((flags & O_ACCMODE) != O_RDONLY) writes = true;
+      break;
+    }
+    if (writes) break;
+  }
+  ::closedir(dir);
+  return writes;
 }
 
 const std::string& boot_id() {

@@ -19,6 +19,7 @@ struct ProcessId {
 // Fields of /proc/PID/stat that gpulock uses; nullopt if the process is gone (or unreadable).
 struct ProcessStat {
   pid_t parent = 0;
+  pid_t session = 0;  // the session's id: its leader's pid (field 6)
   std::uint64_t start_ticks = 0;
   std::string comm;
 };
@@ -39,6 +40,11 @@ std::optional<uid_t> process_uid(pid_t pid);
 
 // True if `descendant` is `ancestor` or one of its descendants (walks the parent chain).
 bool is_same_or_descendant(pid_t descendant, const ProcessId& ancestor);
+
+// True if process `pid` holds the write end of the pipe that this process's descriptor `fd` is
+// (e.g. fd 1 inside `$(…)`: the shell process that runs the same substitution). False when `fd`
+// is not a pipe, or the process's descriptors cannot be read (another user's).
+bool writes_to_pipe_of(pid_t pid, int fd);
 
 // This boot's id (/proc/sys/kernel/random/boot_id), or "" where unavailable.
 const std::string& boot_id();

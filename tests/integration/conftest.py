@@ -31,7 +31,7 @@ import gpulock_testing  # noqa: E402
 from gpulock_testing import HANG, SHORT_HANG, wait_until  # noqa: E402
 # Imported by the tests from here.
 from gpulock_testing import (  # noqa: E402,F401
-    EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE, sim_uuid)
+    EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE, sanitized_build, sim_uuid, stops_a_shell)
 
 PYTHON = "/usr/bin/python3"
 

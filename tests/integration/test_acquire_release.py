@@ -5,7 +5,8 @@ import subprocess
 
 import pytest
 
-from conftest import EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE, HANG, sim_uuid, wait_until
+from conftest import (EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE, HANG, sim_uuid, stops_a_shell,
+                      wait_until)
 
 
 def shell_session(gl, body):
@@ -127,7 +128,7 @@ def test_release_requires_lease_id(gl):
 def test_acquire_for_missing_pid(gl, pid):
     result = gl.run("acquire", "-n", "1", "--for-pid", pid)
     assert result.returncode == EX_USAGE, result.stderr
-    assert result.stdout == ""  # nothing to eval
+    assert stops_a_shell(result.stdout, EX_USAGE), result.stdout  # eval stops, fails closed
     assert set(gl.states().values()) == {"free"}
 
 
@@ -139,9 +140,14 @@ def test_acquire_for_exited_pid(gl):
     assert set(gl.states().values()) == {"free"}
 
 
-def test_acquire_requires_for_pid(gl):
-    result = gl.run("acquire", "-n", "1")
-    assert result.returncode == EX_USAGE
+def test_acquire_for_this_very_process_is_refused(gl):
+    # `$BASHPID` inside `<(…)` names the process that then runs gpulock: the lease would end
+    # as soon as acquire exits.
+    result = gl.run("acquire", "-n", "1", "--print-ids", prefix=(
+        "bash", "-c", 'exec "$0" "$@" --for-pid $BASHPID'))
+    assert result.returncode == EX_USAGE, result.stderr
+    assert "is this gpulock process itself" in result.stderr
+    assert result.stdout == ""  # nothing that `read` would take for a GPU id
     assert set(gl.states().values()) == {"free"}
 
 
@@ -150,10 +156,26 @@ def test_acquire_no_wait_while_held(gl):
     watched = gl.sleeper()
     result = gl.run("acquire", "--gpus", "0", "--no-wait", "--for-pid", watched.pid)
     assert result.returncode == EX_TEMPFAIL, result.stderr
-    assert result.stdout == ""
+    assert stops_a_shell(result.stdout, EX_TEMPFAIL), result.stdout
 
 
 def test_acquire_for_missing_pid_fails_before_waiting(gl):
     gl.hold("-n", "4")
     result = gl.run("acquire", "-n", "1", "--timeout", "1s", "--for-pid", "999999999")
     assert result.returncode == EX_USAGE, result.stderr
+
+
+def test_release_by_gpus_names_them_as_a_request_does(gl):
+    """`release --gpus` takes what --print-ids printed; a UUID prefix that several GPUs share
+    is refused (it would have released whichever came first), and a lease of two GPUs named
+    by both ends once."""
+    watched = gl.sleeper()
+    result = gl.run("acquire", "-n", "2", "--print-ids", "--for-pid", watched.pid)
+    assert (result.returncode, result.stdout) == (0, "0,1\n"), result.stderr
+    ambiguous = gl.run("release", "--gpus", sim_uuid(0)[:12])
+    assert ambiguous.returncode == EX_USAGE and "matches several GPUs" in ambiguous.stderr
+    assert gl.run("release", "--gpus", "2").returncode == EX_UNAVAILABLE  # not leased
+    assert gl.states()["0"] == gl.states()["1"] == "leased"
+    released = gl.run("release", "--gpus", "0,1")
+    assert released.returncode == 0, released.stderr
+    assert set(gl.states().values()) == {"free"}

@@ -88,8 +88,9 @@ def test_hidden_command_is_not_in_help(gl):
 
 def test_completes_commands(gl):
     commands = set(complete(gl, ""))
-    assert commands == {"run", "acquire", "release", "status", "queue", "gpus", "init",
-                        "doctor", "metrics", "serve", "usage", "log", "journal", "version"}
+    assert commands == {"run", "submit", "jobs", "logs", "wait", "cancel", "acquire",
+                        "release", "status", "queue", "gpus", "init", "doctor", "metrics",
+                        "serve", "usage", "log", "journal", "version"}
     assert complete(gl, "st") == ["status"]
 
 

@@ -36,7 +36,7 @@ import time
 
 import pytest
 
-from conftest import HANG, PYTHON, wait_until
+from conftest import HANG, PYTHON, sanitized_build, wait_until
 
 GPUS = 4
 SEED = int(os.environ.get("GPULOCK_STRESS_SEED", "0"))
@@ -286,16 +286,6 @@ def churn(harness, audit, requests, seed, prefixes=((),)):
     doc, files = snapshot(harness)
     assert doc["waiting"] == [] and files == [], (doc, files)
     return results
-
-
-def sanitized_build():
-    """Whether the binary under test is a sanitizer build (its build directory's CMake cache)."""
-    build = os.environ.get("GPULOCK_BUILD_DIR")
-    try:
-        cache = (pathlib.Path(build) / "CMakeCache.txt").read_text() if build else ""
-    except OSError:
-        return False
-    return "GPULOCK_SANITIZE:BOOL=ON" in cache or "GPULOCK_TSAN:BOOL=ON" in cache
 
 
 def assert_no_stall(audit, results):

@@ -120,7 +120,8 @@ def test_holds_every_part_in_its_debian_place(deb):
     }
     if HAS_PYTHON:
         expected |= {"/usr/lib/python3/dist-packages/gpulock/__init__.py",
-                     "/usr/lib/python3/dist-packages/gpulock/compat/gpu_lock.py"}
+                     "/usr/lib/python3/dist-packages/gpulock/compat/gpu_lock.py",
+                     "/usr/bin/gpulock-gpu", "/usr/share/man/man1/gpulock-gpu.1.gz"}
         assert any(re.fullmatch(r"/usr/lib/python3/dist-packages/gpulock/_native\.cpython-3\d+-"
                                 r"x86_64-linux-gnu\.so", f) for f in files)
     missing = expected - {f.rstrip("/") for f in files}
@@ -269,6 +270,22 @@ def test_installed_python_package(root, tmp_path):
     where, states = result.stdout.splitlines()
     assert where == str(site / "gpulock" / "__init__.py")
     assert json.loads(states) == ["free", "free"]
+
+
+@pytest.mark.skipif(not HAS_PYTHON, reason="built without the Python package")
+def test_installed_gpulock_gpu_runs_the_installed_gpulock(root, tmp_path):
+    """gpulock-gpu (GPU.py's replacement) is installed with the package, and its --get runs
+    the gpulock installed beside it, not one found elsewhere on PATH."""
+    env = installed_env(root, tmp_path)
+    env["PYTHONPATH"] = str(root / "usr/lib/python3/dist-packages")
+    env["PATH"] = "/usr/bin:/bin"  # no gpulock here: only the one beside gpulock-gpu
+    env.pop("GPULOCK_BINARY", None)
+    command = root / "usr/bin/gpulock-gpu"
+    assert run([command, "--idle"], env=env).stdout == "There is 2 IDDLE GPUs, IDs: 0,1\n"
+    script = '"$0" --get && "$0" --active && "$0" --release 0'
+    got = run(["setsid", "-w", "bash", "-c", script, command], env=env).stdout.splitlines()
+    assert got[0] == "0" and got[-1] == "GPU 0 released.", got
+    assert got[1].startswith("There is 1 ACTIVE GPUs")
 
 
 def test_c_and_cxx_programs_build_against_the_installed_package(root, tmp_path):

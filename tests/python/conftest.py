@@ -108,6 +108,21 @@ def gpulock_bin():
 
 
 @pytest.fixture(autouse=True)
+def forget_safe_gpu_claims(isolated):
+    """safe_gpu's claims last for the rest of the process, as the original's did, and this
+    process runs every test: after each test, its claims are released and forgotten (before
+    the test's environment is put back, which a release would otherwise change again)."""
+    yield
+    module = sys.modules.get("gpulock.compat.safe_gpu")
+    if module is not None:
+        for claim in list(module._claims):
+            claim.release()
+        module._claims.clear()
+        module._values_set.clear()
+        module.gpu_owner = None
+
+
+@pytest.fixture(autouse=True)
 def isolated(monkeypatch, tmp_path):
     """A fresh lock directory and four simulated GPUs for this test, in os.environ (so for
     gpulock in this process and for every process the test starts)."""
@@ -157,7 +172,10 @@ class Background(gpulock_testing.Background):
                 raise AssertionError("child exited before reporting %r\n%s"
                                      % (name, self.describe()))
             return False
-        wait_until(reported, timeout, what="%r from child %d" % (name, self.pid))
+        try:
+            wait_until(reported, timeout, what="%r from child %d" % (name, self.pid))
+        except AssertionError as e:
+            raise AssertionError("%s\n%s" % (e, self.describe())) from None
         return path.read_text()
 
     def wait_json(self, name, timeout=HANG):

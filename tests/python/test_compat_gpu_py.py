@@ -111,7 +111,7 @@ def test_gpu_py_workflow_unchanged(gl, command, backend, request):
         assert gl.no_wait_run("0") == EX_TEMPFAIL
         holder = gl.gpu_status(0)["holder"]
         assert holder["kind"] == "detached" and holder["label"] == "GPU.py"
-        assert job.pid in holder["member_pids"]
+        assert holder["session"] == job.pid  # held for the script's session
     else:
         assert server.command("KEYS", "gpulock:{pytest}:lock:*")
         redis_env = gl.env(GPULOCK_BACKEND=server.url(), GPULOCK_POOL="pytest",
@@ -251,3 +251,37 @@ def test_console_script_declared():
     text = (REPO / "pyproject.toml").read_text()
     assert 'gpulock-gpu = "gpulock.compat.gpu_py:main"' in text
 
+
+
+def test_warns_once_a_day_of_gpu_py_keys_on_the_same_server(gl, command, redis):
+    """GPU.py and gpulock-gpu do not see each other's GPUs: gpulock-gpu says so when the server
+    still holds GPU.py's keys, once (a stamp under XDG_STATE_HOME), for the prefix in use."""
+    opts = ["--redis-server", "127.0.0.1", "--redis-port", str(redis.port)]
+    env = gl.env(GPULOCK_HOST="py-a", XDG_STATE_HOME=str(gl.tmp / "state"))
+    quiet = gpupy(gl, command, *opts, "--idle", env=env)
+    assert quiet.returncode == 0 and "GPU.py's keys" not in quiet.stderr
+    redis.command("RPUSH", "GPU_IDLE", "0", "1")  # GPU.py --redis-manage-all, default prefix
+    first = gpupy(gl, command, *opts, "--idle", env=env)
+    assert first.returncode == 0, first.stderr
+    assert "also holds GPU.py's keys (GPU_IDLE, GPU_MANAGED, GPU_INIT)" in first.stderr
+    assert "do not see each other's GPUs" in first.stderr
+    assert first.stdout == "There is 4 IDDLE GPUs, IDs: 0,1,2,3\n"  # gpulock's, not GPU.py's
+    again = gpupy(gl, command, *opts, "--idle", env=env)
+    assert "GPU.py's keys" not in again.stderr  # once a day
+    # Another prefix is another set of GPU.py's keys: none there.
+    other = gpupy(gl, command, *opts, "--redis-prefix", "lab", "--idle", env=env)
+    assert "GPU.py's keys" not in other.stderr
+
+
+def test_log_is_the_journal_as_gpu_py_lines(gl, command):
+    """--log prints every acquisition and release the journal holds, ended leases included."""
+    script = gl.write("twice.sh", 'for i in 1 2; do I=$(gpulock-gpu --get); '
+                                  'gpulock-gpu --release "$I" > /dev/null; done\n')
+    env = gl.env()
+    env["PATH"] = "%s%s%s" % (command, os.pathsep, os.environ["PATH"])
+    job = gl.spawn_argv(["/bin/bash", script], env=env)
+    assert job.wait() == 0, job.describe()
+    lines = gpupy(gl, command, "--log").stdout.splitlines()
+    events = [line.split(": ", 1)[1] for line in lines]
+    assert events == ["GPU 0 acquired by PID %d." % job.pid, "GPU 0 released by PID %d." % job.pid
+                      ] * 2, lines

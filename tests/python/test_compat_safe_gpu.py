@@ -33,13 +33,14 @@ def test_gpu_owner_claims_and_sets_cuda_visible_devices(gl):
     assert all(g["holder"]["label"] == "safe_gpu" and g["holder"]["pid"] == os.getpid()
                for g in leased.values())
     assert gl.no_wait_run("0") == EX_TEMPFAIL and gl.no_wait_run("1") == EX_TEMPFAIL
-    # Held while the object lives ...
+    # Held while the object lives, and after it goes, as the original's CUDA context was: for
+    # the rest of the process, unless released.
     gc.collect()
     assert gl.no_wait_run("1") == EX_TEMPFAIL
-    # ... and given back when it goes.
     del owner
     gc.collect()
-    assert gl.no_wait_run("0,1") == 0
+    assert gl.no_wait_run("0") == EX_TEMPFAIL and gl.no_wait_run("1") == EX_TEMPFAIL
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
 
 
 def test_gpu_owner_default_is_one_gpu(gl):
@@ -402,3 +403,107 @@ def test_repository_test_script_runs(gl, explicit):
         assert log.startswith(name)
     assert "Set CUDA_VISIBLE_DEVICES=1,2" in two.stderr()
     assert gl.no_wait_run("0,1,2") == 0
+
+
+# -- claims as the original made them: again, inside a lease, and without a variable ----------
+
+SECOND_CLAIM_CHILD = r'''
+from gpulock.compat import safe_gpu
+first = safe_gpu.GPUOwner(1)
+second = safe_gpu.GPUOwner(1)  # as the original: one more free GPU, CUDA_VISIBLE_DEVICES = it
+result = {"first": first.devices_taken, "second": second.devices_taken,
+          "cvd": os.environ["CUDA_VISIBLE_DEVICES"]}
+safe_gpu.claim_gpus(1)
+safe_gpu.claim_gpus(1)  # replaces safe_gpu.gpu_owner; the one it replaces keeps its GPU
+result["claimed"] = safe_gpu.gpu_owner.devices_taken
+report("claimed", result)
+wait_for("release")
+second.release_gpus()
+report("released", {"cvd": os.environ["CUDA_VISIBLE_DEVICES"]})
+wait_for("finish")
+'''
+
+
+def test_a_second_claim_in_one_process_claims_more_gpus_as_the_original(gl):
+    child = gl.python(SECOND_CLAIM_CHILD)
+    assert child.wait_json("claimed") == {"first": [0], "second": [1], "cvd": "1",
+                                          "claimed": [3]}
+    assert gl.holders() == {"0": child.pid, "1": child.pid, "2": child.pid, "3": child.pid}
+    child.tell("release")
+    assert child.wait_json("released") == {"cvd": "3"}  # claim_gpus's value is still set
+    assert gl.states()["1"] == "free"
+    child.tell("finish")
+    assert child.wait() == 0, child.describe()
+    assert set(gl.states().values()) == {"free"}  # the rest went with the process
+
+
+UNBOUND_OWNER_CHILD = r'''
+import gc
+from gpulock.compat import safe_gpu
+safe_gpu.GPUOwner(2)  # not kept in a variable: the original's context held the GPUs anyway
+gc.collect()
+report("claimed", {"cvd": os.environ["CUDA_VISIBLE_DEVICES"]})
+wait_for("finish")
+'''
+
+
+def test_an_owner_not_kept_in_a_variable_keeps_its_gpus_to_the_end_of_the_process(gl):
+    child = gl.python(UNBOUND_OWNER_CHILD)
+    assert child.wait_json("claimed") == {"cvd": "0,1"}
+    assert gl.holders() == {"0": child.pid, "1": child.pid}
+    assert gl.no_wait_run("0") == EX_TEMPFAIL
+    child.tell("finish")
+    assert child.wait() == 0, child.describe()
+    assert set(gl.states().values()) == {"free"}
+
+
+INSIDE_A_LEASE_CHILD = r'''
+from gpulock.compat import lock_gpu, safe_gpu
+result = {"cvd": os.environ["CUDA_VISIBLE_DEVICES"]}
+one = safe_gpu.GPUOwner(1)
+result["one"] = [one.devices_taken, os.environ["CUDA_VISIBLE_DEVICES"]]
+two = safe_gpu.GPUOwner(1)
+result["two"] = [two.devices_taken, os.environ["CUDA_VISIBLE_DEVICES"]]
+try:
+    safe_gpu.GPUOwner(1)
+    result["three"] = "claimed"
+except RuntimeError as e:
+    result["three"] = type(e).__name__
+two.release_gpus()
+one.release_gpus()
+result["cvd_after"] = os.environ["CUDA_VISIBLE_DEVICES"]
+report("done", result)
+wait_for("finish")
+'''
+
+INSIDE_LOCK_GPU_CHILD = r'''
+from gpulock.compat import lock_gpu, safe_gpu
+with lock_gpu() as lock:  # 0.2.1: a GPU of its own, exported; a claim inside is lent it
+    inner = safe_gpu.GPUOwner(1)
+    result = [lock.uid, inner.devices_taken, os.environ["CUDA_VISIBLE_DEVICES"]]
+    inner.release_gpus()
+    result.append(os.environ["CUDA_VISIBLE_DEVICES"])
+report("done", result)
+wait_for("finish")
+'''
+
+
+def test_claims_inside_gpulock_run_and_lock_gpu_are_lent_their_gpus(gl):
+    """safe_gpu raised Unsatisfiable inside `gpulock run -n 2` (the job's own GPUs were all it
+    could see) and inside a lock_gpu() block; they are lent the enclosing lease's GPUs now, and
+    fail as the original did (no free GPU) once all are lent."""
+    gl.hold("--gpus", "0")
+    child = gl.python(INSIDE_A_LEASE_CHILD, prefix=[gl.binary, "run", "-n", "2", "--"])
+    assert child.wait_json("done") == {
+        "cvd": "1,2", "one": [[1], "1"], "two": [[2], "2"], "three": "Unavailable",
+        "cvd_after": "1,2"}
+    holders = gl.holders()
+    assert holders["1"] == holders["2"] == child.pid  # the run's lease only
+    assert gl.no_wait_run("3") == 0
+    child.tell("finish")
+    assert child.wait() == 0, child.describe()
+    child = gl.python(INSIDE_LOCK_GPU_CHILD)
+    assert child.wait_json("done") == [1, [1], "1", "1"]  # GPU 0 is still held
+    assert gl.states()["1"] == "free"  # the block has ended
+    child.tell("finish")
+    assert child.wait() == 0, child.describe()

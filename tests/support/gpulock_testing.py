@@ -64,6 +64,25 @@ def require_binary():
     return path
 
 
+def sanitized_build():
+    """Whether the binary under test is a sanitizer build (its build directory's CMake cache):
+    its every process starts several times slower, so tests of many processes use fewer."""
+    build = os.environ.get("GPULOCK_BUILD_DIR")
+    try:
+        cache = (pathlib.Path(build) / "CMakeCache.txt").read_text() if build else ""
+    except OSError:
+        return False
+    return "GPULOCK_SANITIZE:BOOL=ON" in cache or "GPULOCK_TSAN:BOOL=ON" in cache
+
+
+def stops_a_shell(output, status):
+    """True if `output` (what `gpulock acquire` printed for eval), run by a non-interactive
+    POSIX shell, makes it exit with `status` before its next command."""
+    ran = subprocess.run(["sh", "-c", output + "\necho reached"], stdout=subprocess.PIPE,
+                         text=True, timeout=HANG)
+    return ran.returncode == status and "reached" not in ran.stdout
+
+
 # -- waiting ----------------------------------------------------------------------------------
 
 def wait_until(predicate, timeout=SHORT_HANG, interval=0.05, what="condition"):
@@ -102,8 +121,29 @@ class Background:
         return self.popen.poll() is None
 
     def describe(self):
-        return "args=%s rc=%s\nstdout: %s\nstderr: %s" % (
+        text = "args=%s rc=%s\nstdout: %s\nstderr: %s" % (
             self.popen.args, self.popen.returncode, self.stdout(), self.stderr())
+        return text + ("\n" + self.where() if self.alive() else "")
+
+    def where(self):
+        """Where a live process is stuck, from /proc: its signal masks and pending signals, and
+        each thread's state, kernel wait channel and CPU time (for a hang guard's message)."""
+        lines = []
+        try:
+            with open("/proc/%d/status" % self.pid) as f:
+                lines += [line.strip() for line in f
+                          if line.startswith(("State", "SigPnd", "ShdPnd", "SigBlk", "SigCgt"))]
+            for tid in sorted(os.listdir("/proc/%d/task" % self.pid), key=int):
+                base = "/proc/%d/task/%s/" % (self.pid, tid)
+                with open(base + "stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(base + "wchan") as f:
+                    wchan = f.read().strip()
+                lines.append("thread %s: state %s, wchan %s, utime %s stime %s ticks"
+                             % (tid, fields[0], wchan or "-", fields[11], fields[12]))
+        except OSError as e:
+            lines.append("(/proc: %s)" % e)
+        return "\n".join(lines)
 
     def wait(self, timeout=HANG):
         try:

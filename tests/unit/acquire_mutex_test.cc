@@ -1,22 +1,31 @@
-// AcquireMutex (src/local/acquire_mutex.h): a process waiting for the machine-wide acquire
-// mutex sleeps on its wake FIFO and is let in when the holder lets go; without a usable FIFO it
-// polls; it times out on a holder that never lets go. Two AcquireMutex objects on one directory
-// stand for two processes (their OFD locks conflict within one process too).
+// AcquireMutex (src/local/acquire_mutex.h): a process that finds the machine-wide acquire
+// mutex held queues a blocking request in the kernel (seen in /proc/locks) and is let in when
+// the holder lets go, however it lets go; it times out on a holder that never does, or stops
+// when interrupted, without keeping the lock once the kernel grants its abandoned request; the
+// same pool asking again takes that request over; a forked child does not wait on its parent's.
+// Two AcquireMutex objects on one directory stand for two processes (their OFD locks conflict
+// within one process too).
 #include "local/acquire_mutex.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
 
 #include "gpulock/error.hpp"
+#include "local/gpu_lock_file.h"
 #include "temp_dir.h"
 
 namespace gpulock {
@@ -26,124 +35,109 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using Clock = AcquireMutex::Clock;
 
-// Longer than any test runs: a waiter that depends on it to get in hangs the test.
-constexpr auto kNeverAgain = std::chrono::minutes(10);
-
 class AcquireMutexTest : public ::testing::Test {
  protected:
   test_support::TempDir temp_;
   fs::path path_ = temp_.path() / "locks";
   LockDirectory dir_ = LockDirectory::open(path_);
 
-  // Holds the mutex through `holder` until the returned waiter, started on its own thread with
-  // `waiter` (never retrying by itself), has had time to fail once and sleep; then lets go.
-  // True if the waiter got the mutex within a generous limit.
-  bool WaiterGetsInAfterRelease(AcquireMutex& holder, AcquireMutex& waiter) {
-    std::optional<AcquireMutex::Hold> held;
-    held.emplace(holder.hold(Clock::now() + 10s));
-    std::promise<void> in;
-    std::future<void> got_in = in.get_future();
-    std::thread thread([&] {
-      try {
-        AcquireMutex::Hold hold = waiter.hold(Clock::now() + 60s);
-        in.set_value();
-      } catch (...) {
-        in.set_exception(std::current_exception());
-      }
-    });
-    // A machine too slow to start the thread and fail once in this time makes the test pass
-    // without testing the wake-up, never fail wrongly.
-    std::this_thread::sleep_for(300ms);
-    EXPECT_EQ(got_in.wait_for(0s), std::future_status::timeout) << "the mutex was not held";
-    held.reset();  // lets go
-    const bool in_time = got_in.wait_for(30s) == std::future_status::ready;
-    if (!in_time) {
-      // Unblock the waiter (a byte on the FIFO) so that the thread can be joined.
-      AcquireMutex kick(dir_);
-      kick.hold(Clock::now() + 10s).release();
+  // How many blocked requests the kernel has queued on the mutex's file (/proc/locks lists a
+  // blocked request as "N: -> OFDLCK ADVISORY WRITE pid maj:min:inode start end").
+  int QueuedInTheKernel() {
+    struct stat st {};
+    if (::stat((path_ / LockDirectory::kAcquireMutexName).c_str(), &st) != 0) return 0;
+    const std::string inode = ":" + std::to_string(st.st_ino) + " ";
+    std::ifstream locks("/proc/locks");
+    int queued = 0;
+    for (std::string line; std::getline(locks, line);)
+      if (line.find("->") != std::string::npos && line.find(inode) != std::string::npos) ++queued;
+    return queued;
+  }
+
+  // Waits (generously) until `n` requests are queued in the kernel.
+  bool WaitForQueued(int n) {
+    const auto until = Clock::now() + 30s;
+    while (QueuedInTheKernel() < n) {
+      if (Clock::now() > until) return false;
+      std::this_thread::sleep_for(1ms);
     }
-    thread.join();
-    if (in_time) got_in.get();  // rethrows what the waiter threw
-    return in_time;
+    return true;
+  }
+
+  // True once nobody holds the mutex: a descriptor of our own gets it (within a generous limit).
+  bool FreeSoon() {
+    UniqueFd probe = dir_.open_acquire_mutex();
+    const auto until = Clock::now() + 30s;
+    while (!try_lock_exclusive(probe.get())) {
+      if (Clock::now() > until) return false;
+      std::this_thread::sleep_for(1ms);
+    }
+    return true;
+  }
+
+  // A descriptor of our own holding the mutex's lock, as another process (or version) would.
+  UniqueFd ForeignHolder() {
+    UniqueFd foreign = dir_.open_acquire_mutex();
+    EXPECT_TRUE(try_lock_exclusive(foreign.get()));
+    return foreign;
   }
 };
 
-TEST_F(AcquireMutexTest, AWaiterSleepingOnTheFifoIsLetInWhenTheHolderLetsGo) {
+TEST_F(AcquireMutexTest, AWaiterQueuesInTheKernelAndIsLetInWhenTheHolderLetsGo) {
   AcquireMutex holder(dir_);
-  AcquireMutex waiter(dir_, kNeverAgain);  // only the holder's byte can let it in
-  EXPECT_TRUE(WaiterGetsInAfterRelease(holder, waiter));
-  struct stat st {};
-  ASSERT_EQ(::lstat((path_ / ".acquire.wake").c_str(), &st), 0);
-  EXPECT_TRUE(S_ISFIFO(st.st_mode));
-  EXPECT_EQ(st.st_mode & 07777, 0666u);
-}
-
-TEST_F(AcquireMutexTest, AHolderThatLetsGoWithoutAWordIsNoticedAfterTheSafetyInterval) {
-  // As when the holder dies, or is a version before the FIFO: its lock simply goes.
-  AcquireMutex waiter(dir_, 20ms);
-  UniqueFd foreign = dir_.open_acquire_mutex();
-  ASSERT_TRUE(foreign.valid());
-  struct flock lock {};
-  lock.l_type = F_WRLCK;
-  lock.l_whence = SEEK_SET;
-  ASSERT_EQ(::fcntl(foreign.get(), F_OFD_SETLK, &lock), 0);
+  AcquireMutex waiter(dir_);
+  std::optional<AcquireMutex::Hold> held;
+  held.emplace(holder.hold(Clock::now() + 10s));
   std::future<void> got_in = std::async(
       std::launch::async, [&] { AcquireMutex::Hold hold = waiter.hold(Clock::now() + 60s); });
-  std::this_thread::sleep_for(100ms);
-  foreign.reset();  // the lock goes with the descriptor, and nobody writes to the FIFO
+  ASSERT_TRUE(WaitForQueued(1)) << "the waiter did not queue a blocking request";
+  EXPECT_EQ(got_in.wait_for(0s), std::future_status::timeout) << "the mutex was not held";
+  held.reset();
+  ASSERT_EQ(got_in.wait_for(30s), std::future_status::ready);
+  got_in.get();
+  EXPECT_EQ(QueuedInTheKernel(), 0);
+  EXPECT_TRUE(FreeSoon()) << "the waiter kept the mutex after its hold ended";
+}
+
+TEST_F(AcquireMutexTest, AHolderThatLetsGoWithoutAWordLetsTheWaiterIn) {
+  // As when the holder dies, or is another version: its lock simply goes with the descriptor.
+  AcquireMutex waiter(dir_);
+  UniqueFd foreign = ForeignHolder();
+  std::future<void> got_in = std::async(
+      std::launch::async, [&] { AcquireMutex::Hold hold = waiter.hold(Clock::now() + 60s); });
+  ASSERT_TRUE(WaitForQueued(1));
+  foreign.reset();
   ASSERT_EQ(got_in.wait_for(30s), std::future_status::ready);
   got_in.get();
 }
 
-TEST_F(AcquireMutexTest, WithAPlantedFileInsteadOfTheFifoWaitersPoll) {
-  {
-    UniqueFd planted(::openat(dir_.fd(), ".acquire.wake", O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
-    ASSERT_TRUE(planted.valid());
-  }
+TEST_F(AcquireMutexTest, WaitersAreLetInInTheOrderTheyQueued) {
   AcquireMutex holder(dir_);
-  AcquireMutex waiter(dir_, kNeverAgain);  // polls regardless: it has no FIFO to sleep on
-  EXPECT_TRUE(WaiterGetsInAfterRelease(holder, waiter));
-  struct stat st {};
-  ASSERT_EQ(::lstat((path_ / ".acquire.wake").c_str(), &st), 0);
-  EXPECT_TRUE(S_ISREG(st.st_mode)) << "the planted file was replaced";
-  EXPECT_EQ(st.st_size, 0) << "the planted file was written to";
-}
-
-// How many of this process's descriptors are open on the lock directory's wake FIFO.
-int DescriptorsOnTheWakeFifo(const fs::path& lock_dir) {
-  const fs::path fifo = fs::canonical(lock_dir) / ".acquire.wake";
-  int count = 0;
-  for (const auto& entry : fs::directory_iterator("/proc/self/fd")) {
-    std::error_code error;
-    if (fs::read_symlink(entry.path(), error) == fifo) ++count;
+  std::optional<AcquireMutex::Hold> held;
+  held.emplace(holder.hold(Clock::now() + 10s));
+  constexpr int kWaiters = 5;
+  std::vector<std::unique_ptr<AcquireMutex>> waiters;
+  std::vector<std::thread> threads;
+  std::mutex order_mutex;
+  std::vector<int> order;
+  // All made before any thread starts: the threads read the vector.
+  for (int i = 0; i < kWaiters; ++i) waiters.push_back(std::make_unique<AcquireMutex>(dir_));
+  for (int i = 0; i < kWaiters; ++i) {
+    threads.emplace_back([&, i] {
+      AcquireMutex::Hold hold = waiters[i]->hold(Clock::now() + 60s);
+      const std::lock_guard<std::mutex> guard(order_mutex);
+      order.push_back(i);
+    });
+    ASSERT_TRUE(WaitForQueued(i + 1));  // each queued before the next arrives
   }
-  return count;
+  held.reset();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
 }
 
-TEST_F(AcquireMutexTest, AFifoUnusableAtFirstIsUsedOnceItIsUsableAgain) {
-  // A planted file under the FIFO's name when the process first takes the mutex; then root
-  // removes it and the next user makes the FIFO. The process must not poll for good: it tries
-  // the FIFO again after about a second.
-  {
-    UniqueFd planted(::openat(dir_.fd(), ".acquire.wake", O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
-    ASSERT_TRUE(planted.valid());
-  }
-  AcquireMutex late(dir_);
-  late.hold(Clock::now() + 10s).release();
-  ASSERT_EQ(DescriptorsOnTheWakeFifo(path_), 0);
-  ASSERT_EQ(::unlinkat(dir_.fd(), ".acquire.wake", 0), 0);
-  AcquireMutex maker(dir_);
-  maker.hold(Clock::now() + 10s).release();
-  ASSERT_EQ(DescriptorsOnTheWakeFifo(path_), 1) << "the next user did not make the FIFO";
-  std::this_thread::sleep_for(1200ms);  // past the retry interval
-  late.hold(Clock::now() + 10s).release();
-  EXPECT_EQ(DescriptorsOnTheWakeFifo(path_), 2) << "the FIFO was not tried again";
-}
-
-TEST_F(AcquireMutexTest, AWaiterGivesUpOnAHolderThatNeverLetsGo) {
-  AcquireMutex holder(dir_);
+TEST_F(AcquireMutexTest, AWaiterGivesUpOnAHolderThatNeverLetsGoAndKeepsNothing) {
   AcquireMutex waiter(dir_);
-  AcquireMutex::Hold held = holder.hold(Clock::now() + 10s);
+  UniqueFd foreign = ForeignHolder();
   try {
     AcquireMutex::Hold never = waiter.hold(Clock::now() + 200ms);
     ADD_FAILURE() << "got a mutex that was held";
@@ -151,6 +145,72 @@ TEST_F(AcquireMutexTest, AWaiterGivesUpOnAHolderThatNeverLetsGo) {
     EXPECT_EQ(error.code(), ErrorCode::kTimedOut);
     EXPECT_NE(std::string(error.what()).find(".acquire.lock"), std::string::npos) << error.what();
   }
+  // Its request stays queued; granted once the holder goes, it is let go at once.
+  EXPECT_EQ(QueuedInTheKernel(), 1);
+  foreign.reset();
+  EXPECT_TRUE(FreeSoon()) << "the abandoned request kept the mutex";
+}
+
+TEST_F(AcquireMutexTest, AnInterruptedWaiterStopsAndKeepsNothing) {
+  AcquireMutex waiter(dir_);
+  UniqueFd foreign = ForeignHolder();
+  std::atomic<int> asked{0};
+  const std::function<bool()> interrupted = [&] { return ++asked >= 3; };
+  try {
+    AcquireMutex::Hold never = waiter.hold(Clock::time_point::max(), interrupted, 10ms);
+    ADD_FAILURE() << "got a mutex that was held";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kInterrupted) << error.what();
+  }
+  EXPECT_GE(asked.load(), 3);
+  foreign.reset();
+  EXPECT_TRUE(FreeSoon()) << "the interrupted request kept the mutex";
+}
+
+TEST_F(AcquireMutexTest, AskingAgainTakesOverTheRequestLeftQueued) {
+  AcquireMutex waiter(dir_);
+  UniqueFd foreign = ForeignHolder();
+  EXPECT_THROW(waiter.hold(Clock::now() + 100ms), Error);
+  ASSERT_EQ(QueuedInTheKernel(), 1);
+  std::future<void> got_in = std::async(std::launch::async, [&] {
+    AcquireMutex::Hold hold = waiter.hold(Clock::now() + 60s);
+    // Its place in the line, not a second one.
+    EXPECT_EQ(QueuedInTheKernel(), 0);
+  });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(QueuedInTheKernel(), 1) << "asking again queued a second request";
+  foreign.reset();
+  ASSERT_EQ(got_in.wait_for(30s), std::future_status::ready);
+  got_in.get();
+  EXPECT_TRUE(FreeSoon());
+}
+
+TEST_F(AcquireMutexTest, AChildForkedWhileARequestIsQueuedWaitsOnItsOwn) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer cannot start threads in a child forked from a process with "
+                  "threads (the parent's helper); the ASan and normal builds run this test";
+#endif
+  AcquireMutex waiter(dir_);
+  UniqueFd foreign = ForeignHolder();
+  EXPECT_THROW(waiter.hold(Clock::now() + 100ms), Error);  // leaves its request queued
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    foreign.reset();  // the "other process" holding the lock is the parent
+    // The parent's helper is not here: this child's pool must make a request of its own.
+    try {
+      AcquireMutex::Hold hold = waiter.hold(Clock::now() + 30s);
+      ::_exit(0);
+    } catch (...) {
+      ::_exit(1);
+    }
+  }
+  ASSERT_TRUE(WaitForQueued(2)) << "the child did not queue a request of its own";
+  foreign.reset();
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(FreeSoon());
 }
 
 }  // namespace

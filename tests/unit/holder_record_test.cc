@@ -105,6 +105,24 @@ TEST(HolderRecordTest, SharedLeaseMemoryRoundTripsAndIsOptional) {
   EXPECT_FALSE(parse_holder_record(text));
 }
 
+TEST(HolderRecordTest, SessionOfADetachedLeaseRoundTripsAndIsOptional) {
+  HolderRecord in = SampleRecord();
+  in.kind = HolderKind::kDetached;
+  EXPECT_EQ(parse_holder_record(serialize_holder_record(in))->session, 0);
+  EXPECT_EQ(holder_record_json(in).find("session"), std::string::npos);
+  in.session = 4242;
+  const auto out = parse_holder_record(serialize_holder_record(in));
+  ASSERT_TRUE(out.has_value());
+  EXPECT_EQ(out->session, 4242);
+  // Written by anyone: a session that no pid could be is refused.
+  for (const char* bad : {"0", "-1", "4194305", "1.5", "\"7\""}) {
+    std::string text = holder_record_json(in);
+    const std::string key = "\"session\":";
+    text.replace(text.find(key) + key.size(), 4, bad);
+    EXPECT_FALSE(parse_holder_record(text)) << text;
+  }
+}
+
 TEST(HolderRecordTest, RoundTripEveryKind) {
   for (HolderKind kind : {HolderKind::kProcess, HolderKind::kRun, HolderKind::kDetached}) {
     HolderRecord in = SampleRecord();
@@ -582,7 +600,8 @@ std::string Difference(const std::optional<HolderRecord>& fast,
   if (a.lease_id != b.lease_id || a.uid != b.uid || a.user != b.user || a.host != b.host ||
       a.boot_id != b.boot_id || a.kind != b.kind || !(a.holder == b.holder) ||
       a.members != b.members || a.command != b.command || a.label != b.label ||
-      a.started_at != b.started_at || a.gpus != b.gpus || a.memory_bytes != b.memory_bytes)
+      a.started_at != b.started_at || a.gpus != b.gpus || a.memory_bytes != b.memory_bytes ||
+      a.session != b.session)
     return "the records differ";
   return "";
 }
@@ -607,6 +626,10 @@ TEST(HolderRecordReaders, WhatGpulockWritesIsReadFastAndAsTheFullParserReadsIt) 
     at.started_at = when;
     records.emplace_back(at, true);
   }
+  HolderRecord session = SampleRecord();
+  session.kind = HolderKind::kDetached;
+  session.session = 4194304;
+  records.emplace_back(session, true);
   HolderRecord quoted = SampleRecord();
   quoted.command = R"(sh -c "echo \"hi\"")";  // escapes: the full parser's case
   records.emplace_back(quoted, false);
@@ -625,6 +648,7 @@ TEST(HolderRecordReaders, WhatGpulockWritesIsReadFastAndAsTheFullParserReadsIt) 
 TEST(HolderRecordReaders, EveryMutationOfARecordIsReadAsTheFullParserReadsIt) {
   HolderRecord record = SampleRecord();
   record.memory_bytes = 1ull << 30;
+  record.session = 4242;
   std::size_t read_fast = 0;
   test_support::ForEachOneCharacterMutation(
       holder_record_json(record), [&](const std::string& mutated) {

@@ -57,6 +57,7 @@ json lease_json(const HolderInfo& h) {
           {"pid", h.pid},
           {"pid_alive", h.holder_alive},
           {"member_pids", h.member_pids},
+          {"session", h.session ? json(*h.session) : json(nullptr)},
           {"command", h.command},
           {"label", h.label},
           {"started_at", unix_seconds(h.started_at)},
@@ -306,6 +307,8 @@ PoolStatus TestStatus() {
   shared.shared->leases[0].memory_bytes = 10ULL << 30;
   shared.shared->leases[1].over_reservation = true;
   shared.shared->leases[1].memory_used_bytes = 21ULL << 30;
+  shared.shared->leases[1].kind = "detached";  // held for a session (gpulock acquire)
+  shared.shared->leases[1].session = 4242;
   s.gpus.push_back(shared);
 
   GpuStatus busy;

@@ -203,37 +203,6 @@ TEST_F(LockDirectoryTest, AcquireMutexIsCreatedWithMode0666) {
   EXPECT_EQ(ModeOf(dir_path_ / ".acquire.lock"), 0666u);
 }
 
-TEST_F(LockDirectoryTest, AcquireWakeFifoIsCreatedWithMode0666AndOursIsRepaired) {
-  ScopedUmask mask(077);
-  const LockDirectory dir = LockDirectory::open(dir_path_);
-  ASSERT_TRUE(dir.open_acquire_wake().valid());
-  EXPECT_EQ(ModeOf(dir_path_ / ".acquire.wake"), 0666u);
-  ASSERT_EQ(::chmod((dir_path_ / ".acquire.wake").c_str(), 0600), 0);  // its maker killed early
-  ASSERT_TRUE(dir.open_acquire_wake().valid());
-  EXPECT_EQ(ModeOf(dir_path_ / ".acquire.wake"), 0666u);
-}
-
-// Another program's FIFO linked in under the wake FIFO's name: gpulock must neither write to it
-// nor, in `gpulock init` as root, make it root-owned and world-writable.
-TEST_F(LockDirectoryTest, AWakeFifoLinkedInFromElsewhereIsNotUsedNorTakenOver) {
-  const LockDirectory dir = LockDirectory::open(dir_path_);
-  const fs::path foreign = temp_.path() / "someones.fifo";
-  ASSERT_EQ(::mkfifo(foreign.c_str(), 0600), 0);
-  const bool root = ::geteuid() == 0;
-  if (root) {
-    ASSERT_EQ(::chown(foreign.c_str(), 4242, 4242), 0);
-  }
-  ASSERT_EQ(::link(foreign.c_str(), (dir_path_ / ".acquire.wake").c_str()), 0);
-  EXPECT_FALSE(dir.open_acquire_wake().valid());
-  dir.prepare({});
-  struct stat st {};
-  ASSERT_EQ(::lstat(foreign.c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 07777, 0600u);
-  if (root) {
-    EXPECT_EQ(st.st_uid, 4242u);
-  }
-}
-
 TEST_F(LockDirectoryTest, OwnLockFileWithATightModeIsRepaired) {
   const LockDirectory dir = LockDirectory::open(dir_path_);
   const fs::path file = dir.lock_file_path(kUuid);

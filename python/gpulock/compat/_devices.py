@@ -75,6 +75,17 @@ def physical_gpu(number: int) -> str:
     return entries[number]
 
 
+def callers_visible_devices(values_set: Sequence[Sequence[Optional[str]]]) -> Optional[str]:
+    """CUDA_VISIBLE_DEVICES as the caller set it, looking through the values this process's own
+    compat objects set: ``values_set`` lists [value set, value it replaced], innermost last."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    for set_value, before in reversed(values_set):
+        if value != set_value:
+            break
+        value = before
+    return value
+
+
 class SavedEnvironment:
     """CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER as they were, to be put back at the end of a
     block (a value someone else changed in the meantime is left alone)."""

@@ -35,7 +35,8 @@ from typing import Any, List, Optional, Union
 
 from .._errors import InvalidRequest, Unsatisfiable
 from .._machine import gpus as _gpus
-from ._devices import SavedEnvironment, caller_numbers, claim, register, visible_gpus
+from ._devices import (SavedEnvironment, caller_numbers, callers_visible_devices, claim, register,
+                       visible_gpus)
 
 # The originals' module names. LOCKDIR and N_GPUS are not used: gpulock's lock directory
 # (GPULOCK_DIR) and the machine's GPUs are.
@@ -168,12 +169,7 @@ _blocks: List[List[Optional[str]]] = []
 
 def _callers_visible_devices() -> Optional[str]:
     """CUDA_VISIBLE_DEVICES as the caller set it, looking through 0.2.1-style blocks."""
-    value = os.environ.get("CUDA_VISIBLE_DEVICES")
-    for set_value, before in reversed(_blocks):
-        if value != set_value:
-            break
-        value = before
-    return value
+    return callers_visible_devices(_blocks)
 
 
 def _export(held: Any) -> SavedEnvironment:

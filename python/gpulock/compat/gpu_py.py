@@ -8,24 +8,33 @@ unchanged after replacing the command name:
 Same options, same lines on stdout, same exit statuses as GPU.py. Installed with the Python
 package as the console command ``gpulock-gpu`` (also: ``python3 -m gpulock.compat.gpu_py``).
 ``--get`` runs ``gpulock acquire --print-ids`` (the ``gpulock`` command: GPULOCK_BINARY, else
-PATH), so the lease is a gpulock lease: it waits in gpulock's fair queue, shows in ``gpulock
-status``, and is held by a detached holder until ``--release`` or until the script that asked
-for it exits (GPU.py kept a GPU until an explicit release, and lost it for good when the
-script died first). The backend is gpulock's own (lock files, or GPULOCK_BACKEND); giving
-``--redis-server``, ``--redis-port`` or ``--redis-db`` selects ``redis://SERVER:PORT/DB``, and
-``--redis-prefix`` the pool. Differences, each with its reason, are in docs/migration.md.
+the one installed beside this command, else PATH), so the lease is a gpulock lease: it waits
+in gpulock's fair queue, shows in ``gpulock status``, and is held by a detached holder until
+``--release``, or until no process of the caller's session is left: held as GPU.py held it,
+until released, whatever shape the script has (``read I < <(…)``, background subshells,
+``nohup``, ``os.system``, one make recipe line per shell), and never past the end of the last
+process that could use it (GPU.py lost a GPU for good when its script died first). ``--log``
+reads gpulock's usage journal. The backend is gpulock's own (lock files, or GPULOCK_BACKEND);
+giving ``--redis-server``, ``--redis-port`` or ``--redis-db`` selects
+``redis://SERVER:PORT/DB``, and ``--redis-prefix`` the pool. On Redis it warns (once a day)
+when the server also holds GPU.py's own keys: the two do not see each other's GPUs.
+Differences, each with its reason, are in docs/migration.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import re
-import shutil
 import subprocess
 import sys
-from typing import Any, List, Optional, Sequence
+import time
+
+# Each task of a sweep starts this module twice (--get, --release): typing, shutil and datetime
+# are imported only where they are needed, as `import gpulock` itself does.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Sequence
 
 GPU_PY_CONNECT_ERROR = "Can not connect to Redis server, try to start server first."
 EXIT_GPU_PY_ERROR = 255  # GPU.py's exit(-1)
@@ -63,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--release", default=None, type=int,
                         help="Release the GPU with this id (a lease taken with --get)")
     parser.add_argument("--log", action="store_true",
-                        help="Print when each GPU now leased was acquired, and by which PID")
+                        help="Print when each GPU was acquired and released (gpulock's journal)")
     parser.add_argument("--info", action="store_true", help="Print GPUs summary.")
     parser.add_argument("--idle", action="store_true", help="Print idle GPUs.")
     parser.add_argument("--managed", action="store_true", help="Print managed GPUs.")
@@ -75,44 +84,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-# -- the script that asked --------------------------------------------------------------------
-
-def _stat_fields(pid: int) -> List[str]:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        text = f.read().decode("utf-8", "replace")
-    return text[text.rindex(")") + 2:].split()  # after "pid (comm) "
-
-
-def _cmdline(pid: int) -> Optional[bytes]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def script_pid() -> int:
-    """The process a ``--get`` lease is held for: GPU.py's parent PID, or, when that parent is
-    a subshell (``$(…)``, ``<(…)``, a pipeline), the shell it was forked from, which lives as
-    long as the script. A subshell is a fork of its shell: same command line as its parent."""
-    pid = os.getppid()
-    while True:
-        try:
-            parent = int(_stat_fields(pid)[1])
-        except (OSError, ValueError, IndexError):
-            return pid
-        if parent <= 1:
-            return pid
-        mine, theirs = _cmdline(pid), _cmdline(parent)
-        if mine is None or mine != theirs:
-            return pid
-        pid = parent
-
-
 # -- gpulock ----------------------------------------------------------------------------------
 
 def _binary() -> str:
-    found = os.environ.get("GPULOCK_BINARY") or shutil.which("gpulock")
+    """The gpulock command: GPULOCK_BINARY; else the one installed beside this command (the
+    same venv's bin, or /usr/bin for the Debian package), which is built from the same sources
+    as this module; else the first on PATH."""
+    import shutil
+
+    beside = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0] or "")), "gpulock")
+    found = (os.environ.get("GPULOCK_BINARY")
+             or (beside if os.access(beside, os.X_OK) and not os.path.isdir(beside) else None)
+             or shutil.which("gpulock"))
     if not found:
         raise SystemExit(
             "gpulock-gpu: --get needs the gpulock command, which is neither on PATH nor named "
@@ -157,18 +140,26 @@ def _ids(gpus: Sequence[Any]) -> List[str]:
 
 
 def _time(seconds: float) -> str:
+    import datetime
+
     return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S")
 
 
+_HELD_FOR = re.compile(r"acquire (?:--for-pid|for session) (\d+)")
+
+
 def _holder_pid(holder: Any) -> int:
-    """GPU.py's PID of a lease: the process a detached lease is held for, else the holder."""
-    found = re.search(r"--for-pid (\d+)", holder.command or "")
+    """GPU.py's PID of a lease (the script that asked): the session or the process a detached
+    lease is held for, else the holder."""
+    if holder.session is not None:
+        return int(holder.session)
+    found = _HELD_FOR.search(holder.command or "")
     return int(found.group(1)) if found else holder.pid
 
 
 def _get() -> int:
-    command = [_binary(), "acquire", "-n", "1", "--for-pid", str(script_pid()), "--print-ids",
-               "--label", "GPU.py"]
+    # Held for this session: as long as any process that could use the id lives, or --release.
+    command = [_binary(), "acquire", "-n", "1", "--print-ids", "--label", "GPU.py"]
     result = subprocess.run(command, stdout=subprocess.PIPE, text=True)
     if result.returncode == 69 and _is_redis():
         print(GPU_PY_CONNECT_ERROR)
@@ -210,15 +201,40 @@ def _release(gpu_id: int) -> int:
     return 0
 
 
+def _journal() -> Dict[str, Any]:
+    """Every record of gpulock's usage journal (`gpulock log --json`), oldest first."""
+    import json  # only here: every --get and --release starts a Python
+
+    result = subprocess.run([_binary(), "log", "--since", "0", "--json"], stdout=subprocess.PIPE,
+                            text=True)
+    if result.returncode == 69 and _is_redis():
+        raise _Unreachable()
+    if result.returncode != 0:
+        raise RuntimeError("gpulock log failed (exit status %d)" % result.returncode)
+    return json.loads(result.stdout)
+
+
 def _log() -> None:
-    """GPU.py printed its event list; gpulock keeps no history of ended leases, so this is
-    what its records hold: when each GPU now leased was acquired, and by whom."""
-    events = []
-    for g in _whole_gpus(_status()):
-        if g.state == "leased" and g.holder is not None:
-            events.append((g.holder.started_at, g.index, _holder_pid(g.holder)))
-    for started, index, pid in sorted(events):
-        print("%s: GPU %d acquired by PID %d." % (_time(started), index, pid))
+    """GPU.py's event list, from gpulock's usage journal: when each whole GPU was acquired and
+    released, by the PID of the script that asked (its session, or --for-pid's process), else
+    by the user. Ends the journal inferred (the whole job was killed) say so."""
+    starts: Dict[str, Any] = {}  # lease id -> (its whole GPUs' indices, who asked)
+    for record in _journal().get("records", []):
+        if record.get("event") == "start":
+            found = _HELD_FOR.search(record.get("command") or "")
+            who = "PID %s" % found.group(1) if found else str(record.get("user") or "unknown")
+            indices = [g["index"] for g in record.get("gpus") or [] if g.get("index") is not None
+                       and not str(g.get("uuid", "")).startswith("MIG-")]
+            starts[record.get("lease_id")] = (indices, who)
+            for index in indices:
+                print("%s: GPU %d acquired by %s." % (_time(record["time"]), index, who))
+        elif record.get("event") == "end" and record.get("lease_id") in starts:
+            indices, who = starts.pop(record["lease_id"])
+            how = record.get("how") or "released"
+            why = "" if how == "released" and not record.get("inferred") else " (%s%s)" % (
+                how.replace("_", " "), ", inferred" if record.get("inferred") else "")
+            for index in indices:
+                print("%s: GPU %d released by %s%s." % (_time(record["time"]), index, who, why))
 
 
 def _active() -> None:
@@ -248,17 +264,110 @@ def _select_backend(args: argparse.Namespace) -> None:
         os.environ["GPULOCK_POOL"] = args.redis_prefix
 
 
+# -- GPU.py's own keys on the same server -----------------------------------------------------
+
+GPU_PY_KEYS = ("%s_IDLE", "%s_MANAGED", "%s_INIT")  # GPU.py's lists and init hash, by prefix
+WARN_EVERY_SECONDS = 24 * 3600
+
+
+def _redis_command(address: Any, *words: str) -> Optional[bytes]:
+    """One command to the Redis server of a parsed redis:// URL, after its AUTH and SELECT;
+    the reply's first line, or None when the server cannot be asked."""
+    import socket
+    from urllib.parse import unquote
+
+    def request(*items: str) -> bytes:
+        out = b"*%d\r\n" % len(items)
+        for item in items:
+            data = item.encode()
+            out += b"$%d\r\n%s\r\n" % (len(data), data)
+        return out
+
+    password = unquote(address.password) if address.password else os.environ.get(
+        "GPULOCK_REDIS_PASSWORD")
+    commands = []
+    if password:
+        user = unquote(address.username) if address.username else None
+        commands.append(request("AUTH", *([user, password] if user else [password])))
+    database = (address.path or "/0").strip("/") or "0"
+    commands += [request("SELECT", database), request(*words)]
+    try:
+        with socket.create_connection((address.hostname or "localhost", address.port or 6379),
+                                      timeout=1.0) as connection:
+            connection.sendall(b"".join(commands))
+            replies = b""
+            while replies.count(b"\r\n") < len(commands):
+                chunk = connection.recv(4096)
+                if not chunk:
+                    return None
+                replies += chunk
+    except (OSError, ValueError):
+        return None
+    lines = replies.split(b"\r\n")
+    if any(line.startswith(b"-") for line in lines[:len(commands)]):
+        return None
+    return lines[len(commands) - 1]
+
+
+def warn_of_gpu_py_keys(prefix: str) -> None:
+    """On a Redis backend that also holds GPU.py's keys (GPU.py still in use there): a warning
+    on stderr, at most once a day per server and prefix (remembered under XDG_STATE_HOME)."""
+    url = os.environ.get("GPULOCK_BACKEND", "")
+    if not url.startswith("redis://"):
+        return
+    from urllib.parse import urlsplit
+
+    try:
+        address = urlsplit(url)
+        address.port  # raises ValueError for a malformed port
+    except ValueError:
+        return
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                             "state")
+    key = re.sub(r"[^A-Za-z0-9_.-]", "_", "%s_%s_%s_%s" % (
+        address.hostname, address.port or 6379, (address.path or "/0").strip("/"), prefix))
+    stamp = os.path.join(state, "gpulock", "gpu-py-keys-" + key)
+    try:
+        if time.time() - os.stat(stamp).st_mtime < WARN_EVERY_SECONDS:
+            return
+    except OSError:
+        pass
+    reply = _redis_command(address, "EXISTS", *(k % prefix for k in GPU_PY_KEYS))
+    if reply is None or not reply.startswith(b":") or reply == b":0":
+        return
+    shown = url.split("@")[-1] if "@" in url else url[len("redis://"):]
+    print("gpulock-gpu: warning: redis://%s also holds GPU.py's keys (%s): GPU.py and "
+          "gpulock-gpu do not see each other's GPUs, so one GPU can go to a job of each. Move "
+          "every user of this server to gpulock-gpu at once (docs/migration.md, \"GPU.py on "
+          "Redis\")." % (shown, ", ".join(k % prefix for k in GPU_PY_KEYS)), file=sys.stderr)
+    try:
+        os.makedirs(os.path.dirname(stamp), exist_ok=True)
+        with open(stamp, "w"):
+            pass
+    except OSError:
+        pass
+
+
 def run(args: argparse.Namespace) -> int:
     """Does what GPU.py does for ``args``, in GPU.py's order of precedence."""
     _select_backend(args)
+    warn_of_gpu_py_keys(args.redis_prefix or "GPU")
     if args.gpu_count:
         import gpulock
 
         print(len([g for g in gpulock.gpus() if g.mig_index is None]))
         return 0
-    status = _status()  # GPU.py pinged Redis here
+    # GPU.py pinged Redis here; the status is read once, when a command needs it (--get and
+    # --release read what they need themselves: every task of a sweep runs both).
+    seen: List[Any] = []
+
+    def status() -> Any:
+        if not seen:
+            seen.append(_status())
+        return seen[0]
+
     if args.managed_gpu_count:
-        print(len(_managed(status)))
+        print(len(_managed(status())))
         return 0
     if args.redis_manage or args.redis_manage_count:
         print(
@@ -269,29 +378,31 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_GPU_PY_ERROR
     if args.redis_manage_all:
-        print(len(_managed(status)))  # nothing to initialise: leases need no set-up
+        print(len(_managed(status())))  # nothing to initialise: leases need no set-up
         return 0
     if args.get:
         return _get()
     if args.release is not None:
         return _release(args.release)
+    if not args.log:
+        status()  # GPU.py's ping: every other command says so when Redis cannot be reached
     if args.log:
         _log()
         return 0
     if args.idle:
-        ids = _ids(_idle(status))
+        ids = _ids(_idle(status()))
         print("There is %d IDDLE GPUs, IDs: %s" % (len(ids), ",".join(ids)))
         return 0
     if args.managed:
-        ids = _ids(_managed(status))
+        ids = _ids(_managed(status()))
         print("There is %d MANAGED GPUs, IDs: %s" % (len(ids), ",".join(ids)))
         return 0
     if args.info:
-        total, managed = len(_whole_gpus(status)), len(_managed(status))
+        total, managed = len(_whole_gpus(status())), len(_managed(status()))
         if managed == 0:
             print("GPU total:%d no managed" % total)
         else:
-            print("GPU total:%d managed:%d idle:%d" % (total, managed, len(_idle(status))))
+            print("GPU total:%d managed:%d idle:%d" % (total, managed, len(_idle(status()))))
         return 0
     if args.redis_delete:
         print("Nothing to delete: gpulock keeps no GPU.py objects.")

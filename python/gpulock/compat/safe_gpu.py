@@ -14,6 +14,11 @@ if not enough GPUs are free. ``release_gpus()`` releases the placeholders throug
 ``LOCK_FILENAME``, ``SafeLock``, ``SafeUmask``, ``get_nvidia_smi_value``,
 ``is_single_gpu_display_mode``.
 
+As in the original, a claim lasts for the rest of the process unless released: a ``GPUOwner``
+that is not kept in a variable, or that ``claim_gpus`` replaces in ``gpu_owner``, keeps its GPUs
+(the original's placeholder CUDA context held them until the process ended); and a second claim
+in the same process claims further free GPUs and sets CUDA_VISIBLE_DEVICES to them.
+
 What changes, and why: the claim is a gpulock lease, not a placeholder's piece of GPU memory, so
 it holds on GPUs that are not in exclusive compute mode, against other gpulock users, and ends
 the moment the process ends; ``gpulock status`` shows it. So no placeholder is needed, and the
@@ -21,7 +26,9 @@ default ``placeholder_fn`` is None: none is allocated (a CUDA context per GPU co
 MB of GPU memory) unless one is passed. ``release_gpus()`` also ends the lease and puts
 CUDA_VISIBLE_DEVICES back (the original left it pointing at GPUs that were no longer its own).
 An existing CUDA_VISIBLE_DEVICES limits which GPUs may be claimed (safe-gpu overwrote it and
-could claim GPUs the job was not given). A busy GPU is one leased or running someone's compute
+could claim GPUs the job was not given). Inside ``gpulock run``, after ``eval "$(gpulock
+acquire …)"`` or in a ``lock_gpu()`` block, where every GPU the process may see is already its
+own, a claim is lent those GPUs instead of waiting for its own process. A busy GPU is one leased or running someone's compute
 process; nvidia-smi is not called, and the single-display-GPU workaround is not needed: that GPU
 is leased like any other. ``wait=True`` (with ``timeout`` seconds) waits in gpulock's fair queue
 instead of failing.
@@ -35,14 +42,24 @@ import os
 import time
 from typing import Any, Callable, List, Optional
 
-from .._lease import Lease, lease
-from ._devices import register
+from .._machine import gpus as _gpus
+from ._devices import SavedEnvironment, callers_visible_devices, claim, register, visible_gpus
 
 # 2.0's lock file; gpulock's lock directory is used instead. Kept for code that reads it.
 LOCK_FILENAME = "/tmp/safe_gpu/gpu-lock-magic-RaNdOM-This_Name-NEED_BE-THE_SAME-Across_Users"
 
 # The GPUOwner made by claim_gpus(), as in safe-gpu 1.5 and later.
 gpu_owner: Optional["GPUOwner"] = None
+
+# Every claim not released: a GPUOwner that is garbage-collected keeps its GPUs for the rest of
+# the process, as the original's placeholder context did.
+_claims: List[Any] = []
+
+# The CUDA_VISIBLE_DEVICES values GPUOwners of this process set, each with the value it
+# replaced: a second claim chooses among the GPUs the caller could see, not only the first's.
+_values_set: List[List[Optional[str]]] = []
+
+
 
 
 class NvidiasmiError(Exception):
@@ -180,16 +197,22 @@ class GPUOwner:
         self.placeholder_fn = placeholder_fn
         self.devices_taken: List[int] = []
         self.placeholders: List[Any] = []
+        self._environment = SavedEnvironment()  # before the lease exports its variables
+        self._value_before = os.environ.get("CUDA_VISIBLE_DEVICES")
+        self._value_set: Optional[List[Optional[str]]] = None
         self.logger.info("acquiring lock")
-        self.lease: Lease = lease(
-            count=nb_gpus, wait=wait, timeout=timeout, label="safe_gpu", on_wait=None
-        )
+        # Among the GPUs the caller could see; lent from the process's own lease where those are
+        # all its own already (gpulock run, a lock_gpu block), else a new lease of free ones.
+        shown = [g.uuid for _, g in visible_gpus(_gpus(), callers_visible_devices(_values_set))]
+        self.lease: Any = claim(nb_gpus, shown, wait=wait, timeout=timeout, label="safe_gpu",
+                                on_wait=None, respect_visible_devices=False)
         self.logger.info("lock acquired")
         register(self.lease)  # blocks inside may use these GPUs (GPUScheduler, lock_gpu)
+        _claims.append(self.lease)
         try:
             self.allocate_gpus([str(i) for i in self.lease.indices])
         except BaseException:
-            self.lease.release()
+            self._give_back()
             raise
 
     @property
@@ -201,8 +224,11 @@ class GPUOwner:
         """Sets CUDA_VISIBLE_DEVICES to ``gpu_device_numbers``, waits ``debug_sleep`` seconds,
         makes the placeholders (if ``placeholder_fn``) and records ``devices_taken``. Called by
         the constructor with the leased GPUs."""
-        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(n) for n in gpu_device_numbers)
+        before = getattr(self, "_value_before", os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self._environment.set("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        self._environment.set("CUDA_VISIBLE_DEVICES", ",".join(str(n) for n in gpu_device_numbers))
+        self._value_set = [os.environ["CUDA_VISIBLE_DEVICES"], before]
+        _values_set.append(self._value_set)
         self.logger.info(f"Set CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}")
         time.sleep(self.debug_sleep)
         if self.placeholder_fn is not None:
@@ -228,18 +254,20 @@ class GPUOwner:
                 release(placeholder)
         self.placeholders = []
         if self.lease.active:
-            # The lease saved the variables before allocate_gpus set the same values.
-            self.lease.release()
+            self._give_back()
             self.logger.info("lock released")
 
     def release(self) -> None:
         """Gives the GPUs back now: ``release_gpus()``."""
         self.release_gpus()
 
-    def __del__(self) -> None:
-        held = getattr(self, "lease", None)
-        if held is not None and held.active:
-            held.release()
+    def _give_back(self) -> None:
+        self.lease.release()  # a lease of its own also puts back the variables it exported
+        self._environment.restore()
+        if self._value_set in _values_set:
+            _values_set.remove(self._value_set)
+        if self.lease in _claims:
+            _claims.remove(self.lease)
 
 
 def claim_gpus(
