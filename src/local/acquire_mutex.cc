@@ -19,6 +19,7 @@
 #include "local/gpu_lock_file.h"
 #include "util/current_pid.h"
 #include "util/fork_gate.h"
+#include "util/helper_threads.h"
 
 namespace gpulock {
 
@@ -84,12 +85,17 @@ namespace {
 
 }  // namespace
 
-void AcquireMutex::request_in_kernel(const std::shared_ptr<KernelWait>& wait) {
+void AcquireMutex::request_in_kernel(const std::shared_ptr<KernelWait>& wait, int helper_slot) {
+  helper_thread_started(helper_slot);
   struct flock lock {};
   lock.l_type = F_WRLCK;
   lock.l_whence = SEEK_SET;
   int result = 0;
-  while ((result = ::fcntl(wait->fd.get(), F_OFD_SETLKW, &lock)) != 0 && errno == EINTR) {
+  {
+    // A fork need not wait for this helper while the lock is not granted.
+    const HelperThreadBlocked blocked(helper_slot);
+    while ((result = ::fcntl(wait->fd.get(), F_OFD_SETLKW, &lock)) != 0 && errno == EINTR) {
+    }
   }
   const int error = result == 0 ? 0 : errno;
   {
@@ -144,10 +150,12 @@ std::shared_ptr<AcquireMutex::KernelWait> AcquireMutex::start_request() {
   ::sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &previous);
   bool started = true;
+  const int helper_slot = reserve_helper_thread();  // -1: started all the same, not waited for
   try {
-    std::thread(request_in_kernel, wait).detach();
+    std::thread(request_in_kernel, wait, helper_slot).detach();
   } catch (const std::system_error&) {
     started = false;  // no thread to be had (RLIMIT_NPROC, say)
+    helper_thread_not_started(helper_slot);
   }
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   if (started) return wait;

@@ -70,7 +70,7 @@ class AcquireMutex {
   // Starts a helper thread that queues a blocking request; nullptr if none can be started.
   std::shared_ptr<KernelWait> start_request();
   // The helper's body: the request, then the answer handed over.
-  static void request_in_kernel(const std::shared_ptr<KernelWait>& wait);
+  static void request_in_kernel(const std::shared_ptr<KernelWait>& wait, int helper_slot);
   void take(Clock::time_point give_up, const std::function<bool()>& interrupted,
             std::chrono::milliseconds interrupt_poll);
   // Waits for `wait` to be granted; throws (leaving it queued, abandoned) as hold() says.

@@ -131,6 +131,9 @@ pid_t DetachedHolder::start(Lease& lease, OwnerWatch owners, pid_t watched_pid) 
     throw Error(ErrorCode::kInternal, errno_message("pipe2", errno));
   UniqueFd ready_read(ready_pipe[0]), ready_write(ready_pipe[1]);
 
+  // The holder runs on after fork, allocating: no helper thread may be in the middle of
+  // anything (util/helper_threads.h). They end within milliseconds; past that, fork anyway.
+  wait_for_helper_threads(std::chrono::seconds(2));
   const pid_t middle = ::fork();
   if (middle < 0) throw Error(ErrorCode::kInternal, errno_message("fork", errno));
   if (middle == 0) {

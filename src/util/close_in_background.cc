@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "util/fork_gate.h"
+#include "util/helper_threads.h"
 #include "util/sanitizers.h"
 #include "util/signals_blocked.h"
 
@@ -61,12 +62,20 @@ int take_listed(std::size_t slot_index) {
   return pending_closes[slot_index].exchange(0) - 1;
 }
 
-void* close_slot(void* slot_index) {
+// A closer's argument: its slot here and its helper-thread slot (util/helper_threads.h).
+std::uintptr_t closer_argument(int slot_index, int helper_slot) {
+  return static_cast<std::uintptr_t>(slot_index) * kMaxHelperThreads +
+         static_cast<std::uintptr_t>(helper_slot);
+}
+
+void* close_slot(void* argument) {
+  const auto packed = reinterpret_cast<std::uintptr_t>(argument);
+  helper_thread_started(static_cast<int>(packed % kMaxHelperThreads));
   while (paused_for_test.load() > 0) {
     const timespec a_millisecond{0, 1'000'000};
     ::nanosleep(&a_millisecond, nullptr);
   }
-  const int fd = take_listed(reinterpret_cast<std::uintptr_t>(slot_index));
+  const int fd = take_listed(packed / kMaxHelperThreads);
   if (fd >= 0) ::close(fd);
   closers_running.fetch_sub(1);
   return nullptr;
@@ -95,8 +104,8 @@ void close_in_place(UniqueFd fd, void (*unlist_elsewhere)(int)) {
   fd.reset();
 }
 
-bool start_closer(int slot_index) {
-  void* const argument = reinterpret_cast<void*>(static_cast<std::uintptr_t>(slot_index));
+bool start_closer(int slot_index, int helper_slot) {
+  void* const argument = reinterpret_cast<void*>(closer_argument(slot_index, helper_slot));
   pthread_attr_t attributes;
   if (::pthread_attr_init(&attributes) != 0) return false;
   ::pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
@@ -126,16 +135,23 @@ void close_in_background(UniqueFd fd, void (*unlist_elsewhere)(int fd)) {
   // Every signal blocked: the closer inherits the mask (it must not take the signals the
   // program reads itself).
   const SignalsBlocked blocked;
+  // Listed before it exists, so that a fork without exec waits for it to be gone.
+  const int helper_slot = reserve_helper_thread();
+  if (helper_slot < 0) return close_in_place(std::move(fd), unlist_elsewhere);
   const int slot_index = list_pending(fd.get(), unlist_elsewhere);
-  if (slot_index < 0) return;  // every slot taken: fd closes here, unlisted already
+  if (slot_index < 0) {  // every slot taken: fd closes here, unlisted already
+    helper_thread_not_started(helper_slot);
+    return;
+  }
   // Counted before the thread exists, so that no fork can miss it.
   closer_started.store(true);
   closers_running.fetch_add(1);
-  if (start_closer(slot_index)) {
+  if (start_closer(slot_index, helper_slot)) {
     fd.release();  // the closer owns it now
     return;
   }
   closers_running.fetch_sub(1);
+  helper_thread_not_started(helper_slot);
   take_listed(static_cast<std::size_t>(slot_index));  // fd closes here
 }
 
