@@ -11,7 +11,7 @@ import os
 import pytest
 
 from conftest import EX_TEMPFAIL, EX_USAGE, HANG, sanitized_build, wait_until
-from sweep_audit import Audit, kill_session, session_processes
+from sweep_audit import Audit, describe_processes, kill_session, session_processes
 
 pytest_plugins = ["conftest_redis"]  # the rw fixture: a real redis-server and a pool
 
@@ -107,8 +107,17 @@ def all_gpus_free(gl, env=None):
                   env=env).returncode == 0
 
 
+def wait_for_sweep(sweep, audit, timeout=SWEEP_HANG):
+    """The sweep's exit status; on a hang, what every process of it (and each detached holder)
+    is doing, and where the audit stands."""
+    try:
+        return sweep.wait(timeout=timeout)
+    except AssertionError as hang:
+        raise AssertionError("%s\n%s" % (hang, describe_processes(sweep.pid, audit))) from None
+
+
 def finish(gl, sweep, audit):
-    assert sweep.wait(timeout=SWEEP_HANG) == 0, sweep.describe()
+    assert wait_for_sweep(sweep, audit) == 0, sweep.describe()
     assert audit.errors() == []
     wait_until(lambda: not session_processes(sweep.pid), what="the sweep's session to end")
     # Every lease ends with the sweep: all four GPUs can be taken at once.
@@ -216,7 +225,7 @@ def test_on_a_redis_pool_the_session_holds_the_leases_and_its_end_frees_them_at_
     lives, and let them go as soon as it has no process left, not a TTL later."""
     env = rw.env(ttl="1h", GPULOCK_JOURNAL_DIR="off")  # a TTL that cannot pass in the test
     sweep, audit = start_sweep(rw.gl, SWEEP_EVAL, tasks=40, env=env)
-    assert sweep.wait(timeout=SWEEP_HANG) == 0, sweep.describe()
+    assert wait_for_sweep(sweep, audit) == 0, sweep.describe()
     assert audit.errors() == [] and audit.done() == list(range(1, 41))
     sweep, audit = start_sweep(rw.gl, SWEEP_EVAL, tasks=20, work_seconds="1000", env=env,
                                name="killed")

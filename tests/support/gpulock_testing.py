@@ -122,7 +122,7 @@ class Background:
 
     def describe(self):
         text = "args=%s rc=%s\nstdout: %s\nstderr: %s" % (
-            self.popen.args, self.popen.returncode, self.stdout(), self.stderr())
+            self.popen.args, self.popen.returncode, _tail(self.stdout()), _tail(self.stderr()))
         return text + ("\n" + self.where() if self.alive() else "")
 
     def where(self):
@@ -157,6 +157,14 @@ class Background:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _tail(text, lines=30):
+    """The last `lines` lines of a process's output, for an assertion message."""
+    kept = text.splitlines()
+    if len(kept) <= lines:
+        return text
+    return "(%d lines; the last %d)\n%s" % (len(kept), lines, "\n".join(kept[-lines:]))
 
 
 def _proc_environ(pid):

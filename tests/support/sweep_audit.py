@@ -103,3 +103,35 @@ def kill_session(session, patience=120.0):
                 pass
         time.sleep(0.01)
 
+
+def _process_line(pid):
+    base = "/proc/%d/" % pid
+    try:
+        with open(base + "stat", "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+        fields = text[text.rindex(")") + 2:].split()
+        with open(base + "cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        with open(base + "wchan") as f:
+            wchan = f.read().strip() or "-"
+        threads = len(os.listdir(base + "task"))
+    except (OSError, ValueError):
+        return None
+    command = b" ".join(a for a in argv if a).decode("utf-8", "replace")[:160]
+    return "pid %d ppid %s sid %s %s wchan %s threads %d: %s" % (
+        pid, fields[1], fields[3], fields[0], wchan, threads, command)
+
+
+def describe_processes(session, audit=None):
+    """For a hang guard's message: every live process of `session` and every gpulock process
+    elsewhere (the detached holders), with state, kernel wait channel and command line; and
+    where the audit stands."""
+    lines = []
+    for entry in sorted((e for e in os.listdir("/proc") if e.isdigit()), key=int):
+        line = _process_line(int(entry))
+        if line and (" sid %d " % session in line or "gpulock" in line.split(": ", 1)[-1]):
+            lines.append(line)
+    if audit is not None:
+        lines.append("audit: %d done, running %s, errors %s"
+                     % (len(audit.done()), audit.running(), audit.errors()))
+    return "\n".join(lines)
