@@ -16,8 +16,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <optional>
 #include <system_error>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -38,27 +41,53 @@ std::string stop_the_shell(int status) {
   return fmt::format("case $- in *i*) kill -INT $$ ;; *) exit {} ;; esac\n", status);
 }
 
-// Warns once, while the request waits, when a GPU in its way is held for --for-pid's process and
-// that process is this command's own ancestor: the script then waits on itself.
-std::function<void(const WaitProgress&)> self_wait_warning(pid_t for_pid) {
-  if (for_pid <= 0 || !is_ancestor_of_caller(for_pid)) return {};
-  auto warned = std::make_shared<bool>(false);
-  return [for_pid, warned](const WaitProgress& progress) {
-    if (*warned) return;
-    const auto held_for_us =
-        std::find_if(progress.blocking.begin(), progress.blocking.end(),
-                     [for_pid](const BlockingGpu& b) { return b.held_for_pid == for_pid; });
-    if (held_for_us == progress.blocking.end()) return;
-    *warned = true;
+// Warns once when a GPU in the request's way is held for --for-pid's process and that process
+// is this command's own ancestor: the script then waits on itself. It looks at what the wait
+// reports and, should the request fail before the wait said what held it up (the deadline can
+// pass while it queues for the acquire mutex on a loaded machine), at the pool's holders.
+class SelfWaitWarning {
+ public:
+  explicit SelfWaitWarning(pid_t for_pid)
+      : for_pid_(for_pid > 0 && is_ancestor_of_caller(for_pid) ? for_pid : 0) {}
+
+  std::function<void(const WaitProgress&)> on_progress() {
+    if (for_pid_ == 0) return {};
+    return [this](const WaitProgress& progress) {
+      for (const BlockingGpu& b : progress.blocking)
+        if (b.held_for_pid == for_pid_) return warn(b.display_index);
+    };
+  }
+
+  // After the request timed out: a best-effort look, which must not hide the failure itself.
+  void after_failure(GpuPool& pool) noexcept {
+    if (for_pid_ == 0 || warned_) return;
+    try {
+      for (const GpuStatus& gpu : pool.status().gpus) {
+        if (!gpu.holder) continue;
+        const std::vector<int>& members = gpu.holder->member_pids;
+        if (std::find(members.begin(), members.end(), for_pid_) != members.end())
+          return warn(gpu.device.display_index());
+      }
+    } catch (const std::exception&) {
+    }
+  }
+
+ private:
+  void warn(const std::string& gpu) {
+    if (warned_) return;
+    warned_ = true;
     print_error(fmt::format(
         "warning: GPU {} is held until pid {} exits, and pid {} is this command's own "
         "ancestor (the script that runs it): unless that lease is released (`gpulock release`), "
         "it frees only after this wait ends, so the script waits on itself. For tasks in "
         "background subshells, leave out --for-pid: each lease is then held for the session "
         "until the task releases it (docs/cli.md, \"Tasks in background subshells\")",
-        held_for_us->display_index, for_pid, for_pid));
-  };
-}
+        gpu, for_pid_, for_pid_));
+  }
+
+  pid_t for_pid_;
+  bool warned_ = false;
+};
 
 }  // namespace
 
@@ -100,7 +129,14 @@ void add_acquire_command(CLI::App& app, int* exit_status) {
     GpuPool pool = open_pool(options->backend);
     const std::string what = pid ? fmt::format("acquire --for-pid {}", *pid)
                                  : fmt::format("acquire for session {}", ::getsid(0));
-    Lease lease = acquire_for_cli(pool, *options, what, self_wait_warning(pid.value_or(0)));
+    SelfWaitWarning self_wait(pid.value_or(0));
+    Lease lease;
+    try {
+      lease = acquire_for_cli(pool, *options, what, self_wait.on_progress());
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kTimedOut) self_wait.after_failure(pool);
+      throw;
+    }
     const pid_t holder = pid ? detach_lease(lease, *pid) : detach_lease_for_session(lease);
     int error = 0;
     try {

@@ -68,12 +68,13 @@ wait
 '''
 
 # Every lease held for the parent script ($$): the tasks beyond the first four wait on their
-# own script. With --timeout they give up, and the failed eval stops each of them.
+# own script. With --timeout they give up, and the failed eval stops each of them. The first four
+# must be served within it: 3 s, 15 s on a sanitizer build, whose 30 starts take 8 s of CPU.
 SWEEP_PARENT_PID = r'''
 for i in $(seq "$N"); do
   {
     (
-      eval "$(gpulock acquire -n 1 --for-pid $$ --timeout 3s)"
+      eval "$(gpulock acquire -n 1 --for-pid $$ --timeout TIMEOUT)"
       work.sh "$CUDA_VISIBLE_DEVICES" "$i"
     ) 2>> "$AUDIT/stderr"
     echo "$?" >> "$AUDIT/statuses"
@@ -146,13 +147,43 @@ def test_tasks_waiting_on_their_own_script_are_warned_and_stop(gl):
     """Leases held for the script itself ($$) free only when it exits: its other tasks wait on
     it. They are told so, and with --timeout the failed eval stops them: none runs without a
     GPU (before, they went on with CUDA_VISIBLE_DEVICES unset, seeing every GPU)."""
-    sweep, audit = start_sweep(gl, SWEEP_PARENT_PID)
+    timeout = "15s" if sanitized_build() else "3s"
+    sweep, audit = start_sweep(gl, SWEEP_PARENT_PID.replace("TIMEOUT", timeout))
     finish(gl, sweep, audit)
     assert len(audit.done()) == 4  # one per GPU; the others timed out and stopped
     stderr = (audit.dir / "stderr").read_text()
     assert "this command's own ancestor" in stderr and "the script waits on itself" in stderr
     statuses = sorted(int(line) for line in (audit.dir / "statuses").read_text().split())
     assert statuses == [0] * 4 + [EX_TEMPFAIL] * (TASKS - 4)
+
+
+def test_a_task_that_gives_up_before_its_wait_began_is_warned_too(gl):
+    """On a loaded machine the deadline can pass while a task still queues for the acquire
+    mutex, before its wait has said what holds it up: the failure still names the self-wait.
+    (The mutex is held here by a classic POSIX lock, which conflicts with gpulock's OFD lock.)"""
+    script = r'''
+(eval "$(gpulock acquire --gpus 0,1,2,3 --for-pid $$)")
+python3 -c 'import fcntl, sys, time
+mutex = open(sys.argv[1], "r+")
+fcntl.lockf(mutex, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(600)' "$MUTEX" > "$MUTEX.ready" &
+trap "kill $!" EXIT
+until [ -s "$MUTEX.ready" ]; do sleep 0.05; done
+eval "$(gpulock acquire -n 1 --for-pid $$ --timeout 1s)"
+echo "ran without a GPU" >&2
+'''
+    assert gl.run("status").returncode == 0  # creates the lock directory
+    mutex = gl.lock_dir / ".acquire.lock"
+    mutex.touch()
+    env = gl.env(GPULOCK_JOURNAL_DIR="off", MUTEX=str(mutex))
+    env["PATH"] = "%s:%s" % (os.path.dirname(gl.binary), env["PATH"])
+    proc = gl.spawn_argv(["/bin/bash", "-c", script], env=env)
+    status = proc.wait(timeout=HANG)
+    stderr = proc.stderr()
+    assert status == EX_TEMPFAIL, proc.describe()
+    assert "acquire lock" in stderr and "this command's own ancestor" in stderr, stderr
+    assert "ran without a GPU" not in stderr
 
 
 def test_a_nohup_sweep_outlives_the_logout_and_still_never_shares(gl):
