@@ -1,4 +1,4 @@
-# bash completion for gpulock: commands, options, option values, lease ids and GPUs.
+# bash completion for gpulock: commands, options, option values, lease ids, job ids and GPUs.
 # Installed as /usr/share/bash-completion/completions/gpulock; or `source` it from ~/.bashrc.
 # Works with and without the bash-completion package. The candidates come from
 # `gpulock __complete -- WORD…` (src/cli/cmd_complete.cc), which reads the live state, so this

@@ -1,5 +1,5 @@
-# fish completion for gpulock: commands, options, option values, lease ids and GPUs, with their
-# descriptions. Installed as /usr/share/fish/vendor_completions.d/gpulock.fish. The candidates
+# fish completion for gpulock: commands, options, option values, lease ids, job ids and GPUs, with
+# their descriptions. Installed as /usr/share/fish/vendor_completions.d/gpulock.fish. The candidates
 # come from `gpulock __complete -- WORD…` (src/cli/cmd_complete.cc), which reads the live state,
 # so this file cannot fall behind the CLI.
 

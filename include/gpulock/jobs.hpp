@@ -54,6 +54,7 @@ struct JobSpec {
   std::uint64_t array_first = 0;
   std::uint64_t array_position = 0;
   unsigned array_limit = 0;
+  std::uint64_t resubmitted_from = 0;  // `gpulock resubmit`: the job this one repeats (0: none)
 };
 
 // What a job's supervisor records as it goes.

@@ -1,11 +1,14 @@
 // `gpulock __complete -- WORD…`: the candidates for the last word of a partial command line, one
 // per line as "candidate<TAB>description", for the shell completion scripts in
 // contrib/completion/. Commands and options come from the parser itself, so completion cannot
-// drift from the CLI; lease ids and GPUs come from the live state. Hidden from --help.
+// drift from the CLI; lease ids, GPUs and job ids come from the live state. Hidden from --help.
+#include <unistd.h>
+
 #include <algorithm>
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cli.h"
 
@@ -109,6 +112,22 @@ Candidates lease_values(const std::string& backend) {
   return out;
 }
 
+// The caller's jobs that `command` takes: those not ended for cancel, ended ones for resubmit,
+// any for the rest (logs, wait, submit --after).
+Candidates job_values(const std::string& command) {
+  Candidates out;
+  for (const JobInfo& job : JobStore::open(default_jobs_directory()).list()) {
+    if (job.owner != ::geteuid() || !job.problem.empty()) continue;
+    const bool ended = job_state_is_final(job.progress.state);
+    if ((command == "cancel" && ended) || (command == "resubmit" && !ended)) continue;
+    out.push_back({std::to_string(job.id),
+                   one_line(fmt::format("{}{} {}", job_state_name(job.progress.state),
+                                        job.spec.name.empty() ? "" : " [" + job.spec.name + "]",
+                                        fmt::join(job.spec.command, " ")))});
+  }
+  return out;
+}
+
 // Values of an option; `current` is what is typed so far. Lists (--gpus 0,<TAB>) complete
 // their last element, keeping what comes before it.
 Candidates option_values(const CLI::Option& option, const std::string& current,
@@ -116,10 +135,12 @@ Candidates option_values(const CLI::Option& option, const std::string& current,
   const std::string name = option.get_lnames().empty() ? "" : option.get_lnames().front();
   Candidates values;
   std::string kept;
-  if (name == "gpus" || name == "host") {
+  if (name == "gpus" || name == "host" || name == "after" || name == "after-any") {
     const auto comma = current.rfind(',');
     if (comma != std::string::npos) kept = current.substr(0, comma + 1);
-    values = name == "gpus" ? gpu_values(backend) : host_values(backend);
+    values = name == "gpus"   ? gpu_values(backend)
+             : name == "host" ? host_values(backend)
+                              : job_values("submit");
   } else if (name == "backend") {
     values = {{"file", "lock files of this machine"}, {"redis://", "a Redis server's pool"}};
   } else if (name == "listen") {
@@ -194,8 +215,12 @@ Candidates candidates_for(CLI::App& app, const std::vector<std::string>& words) 
       return option_values(*previous, current, backend);
   }
   if (current.starts_with("-")) return option_candidates(*command);
-  for (const CLI::Option* option : command->get_options())
-    if (option->get_positional() && option->get_name() == "lease_id") return lease_values(backend);
+  for (const CLI::Option* option : command->get_options()) {
+    if (!option->get_positional()) continue;
+    if (option->get_name() == "lease_id") return lease_values(backend);
+    if (option->get_name() == "id" || option->get_name() == "ids")
+      return job_values(command->get_name());
+  }
   return {};
 }
 

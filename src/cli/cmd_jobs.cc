@@ -1,7 +1,9 @@
-// Jobs on the command line: `gpulock submit`, `jobs`, `logs`, `wait` and `cancel`.
+// Jobs on the command line: `gpulock submit`, `jobs`, `logs`, `wait`, `cancel` and `resubmit`.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstring>
@@ -181,6 +183,8 @@ nlohmann::json job_json(const JobInfo& job) {
   j["submitted"] = job.spec.submitted_unix;
   j["after"] = job.spec.after;
   j["after_any"] = job.spec.after_any;
+  j["resubmitted_from"] = job.spec.resubmitted_from ? nlohmann::json(job.spec.resubmitted_from)
+                                                    : nlohmann::json(nullptr);
   j["begin"] = job.spec.begin_unix ? nlohmann::json(job.spec.begin_unix) : nlohmann::json(nullptr);
   j["started"] = p.started_unix ? nlohmann::json(p.started_unix) : nlohmann::json(nullptr);
   j["ended"] = p.ended_unix ? nlohmann::json(p.ended_unix) : nlohmann::json(nullptr);
@@ -233,6 +237,20 @@ off_t copy_from(int fd, off_t offset) {
     std::fwrite(buffer, 1, static_cast<std::size_t>(n), stdout);
     offset += n;
   }
+}
+
+// Starts the supervisor of a job just made from `spec`: the hidden `gpulock run --job`.
+void start_supervisor(JobStore::Created& job, const JobSpec& spec) {
+  std::vector<std::string> args = {"gpulock",       "run", "--job", job.directory.string(),
+                                   "--job-lock-fd", "3"};
+  const bool labelled =
+      std::any_of(spec.lease_options.begin(), spec.lease_options.end(),
+                  [](const std::string& option) { return option.starts_with("--label="); });
+  if (!spec.name.empty() && !labelled) args.push_back("--label=" + spec.name);
+  args.insert(args.end(), spec.lease_options.begin(), spec.lease_options.end());
+  args.push_back("--");
+  args.insert(args.end(), spec.command.begin(), spec.command.end());
+  launch_job(job, "/proc/self/exe", args);
 }
 
 void add_submit(CLI::App& app, int* exit_status) {
@@ -318,13 +336,67 @@ void add_submit(CLI::App& app, int* exit_status) {
         spec.array_first = job.id;
         if (limit != 0) store.create_array_slots(job.id, limit);
       }
-      std::vector<std::string> args = {"gpulock",       "run", "--job", job.directory.string(),
-                                       "--job-lock-fd", "3"};
-      if (!one.name.empty() && options->label.empty()) args.push_back("--label=" + one.name);
-      args.insert(args.end(), one.lease_options.begin(), one.lease_options.end());
-      args.push_back("--");
-      args.insert(args.end(), one.command.begin(), one.command.end());
-      launch_job(job, "/proc/self/exe", args);
+      start_supervisor(job, one);
+      fmt::print("{}\n", job.id);
+      std::fflush(stdout);
+    }
+    *exit_status = 0;
+  });
+}
+
+void add_resubmit(CLI::App& app, int* exit_status) {
+  auto* command = app.add_subcommand(
+      "resubmit", "Submit ended jobs of yours again, as they were submitted: prints the new ids");
+  auto ids = std::make_shared<std::vector<std::string>>();
+  command->add_option("ids", *ids, "Job ids")->required();
+  command->footer(
+      "The new job runs the same command with the same options, in the same directory, and\n"
+      "with this shell's environment. Jobs it waited for have ended: it does not wait again.\n"
+      "A job of an array comes back alone, with its index, outside the array's %K limit.");
+  command->callback([ids, exit_status] {
+    const JobStore store = open_store();
+    std::vector<JobInfo> jobs;
+    for (const auto& text : *ids) {  // all checked before any is submitted
+      JobInfo job = existing_job(store, job_id_argument(text));
+      if (!job.problem.empty())
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("job {} cannot be read: {}", job.id, job.problem));
+      if (job.owner != ::geteuid())
+        throw Error(ErrorCode::kPermissionDenied,
+                    fmt::format("job {} is {}'s: only its owner can submit it again (it would "
+                                "run as you)",
+                                job.id, job.owner_name));
+      if (!job_state_is_final(job.progress.state))
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("job {} is {}: only an ended job is submitted again (`gpulock "
+                                "cancel {}` first)",
+                                job.id, job_state_name(job.progress.state), job.id));
+      jobs.push_back(std::move(job));
+    }
+    const auto here = std::filesystem::current_path();
+    for (const JobInfo& old : jobs) {
+      JobSpec spec = old.spec;
+      spec.submitted_unix = unix_now();
+      spec.after.clear();
+      spec.after_any.clear();
+      spec.begin_unix = 0;
+      spec.array_first = 0;
+      spec.array_position = 0;
+      spec.array_limit = 0;
+      spec.resubmitted_from = old.id;
+      // The supervisor starts where the job was submitted, as the first time.
+      std::error_code error;
+      std::filesystem::current_path(spec.working_directory, error);
+      if (error)
+        throw Error(ErrorCode::kEnvironment,
+                    fmt::format("job {}: cannot enter its directory {}: {}", old.id,
+                                spec.working_directory, error.message()));
+      struct stat log {};
+      const bool readable =
+          ::stat((old.directory / "stdout").c_str(), &log) == 0 && (log.st_mode & S_IROTH) != 0;
+      JobStore::Created job = store.create(spec, readable);
+      start_supervisor(job, spec);
+      std::filesystem::current_path(here);
       fmt::print("{}\n", job.id);
       std::fflush(stdout);
     }
@@ -477,6 +549,7 @@ void add_job_commands(CLI::App& app, int* exit_status) {
   add_logs(app, exit_status);
   add_wait(app, exit_status);
   add_cancel(app, exit_status);
+  add_resubmit(app, exit_status);
 }
 
 }  // namespace gpulock::cli

@@ -111,7 +111,8 @@ json spec_to_json(const JobSpec& spec) {
               {"array_index", spec.array_index ? json(*spec.array_index) : json(nullptr)},
               {"array_first", spec.array_first},
               {"array_position", spec.array_position},
-              {"array_limit", spec.array_limit}};
+              {"array_limit", spec.array_limit},
+              {"resubmitted_from", spec.resubmitted_from}};
 }
 
 JobSpec spec_from_json(const json& j) {
@@ -129,6 +130,7 @@ JobSpec spec_from_json(const json& j) {
   spec.array_first = j.value("array_first", std::uint64_t{0});
   spec.array_position = j.value("array_position", std::uint64_t{0});
   spec.array_limit = j.value("array_limit", 0u);
+  spec.resubmitted_from = j.value("resubmitted_from", std::uint64_t{0});
   if (spec.command.empty()) throw Error(ErrorCode::kEnvironment, "the job has no command");
   return spec;
 }

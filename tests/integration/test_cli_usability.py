@@ -88,7 +88,8 @@ def test_hidden_command_is_not_in_help(gl):
 
 def test_completes_commands(gl):
     commands = set(complete(gl, ""))
-    assert commands == {"run", "submit", "jobs", "logs", "wait", "cancel", "acquire",
+    assert commands == {"run", "submit", "jobs", "logs", "wait", "cancel", "resubmit",
+                        "acquire",
                         "release", "status", "queue", "gpus", "init", "doctor", "metrics",
                         "serve", "usage", "log", "journal", "version"}
     assert complete(gl, "st") == ["status"]
@@ -137,6 +138,23 @@ def test_completes_lease_ids_from_live_state(gl):
     result = gl.run("__complete", "--", "release", first)
     assert result.stdout.startswith(first + "\t")
     assert "[sweep]" in result.stdout  # the description names the label
+
+
+def test_completes_job_ids_of_the_callers_jobs(gl):
+    assert complete(gl, "logs", "") == []
+    ended = gl.run("submit", "--name", "first", "--", "true")
+    running = gl.run("submit", "--", "sleep", "1000")
+    assert ended.returncode == 0 and running.returncode == 0, ended.stderr + running.stderr
+    ended, running = ended.stdout.strip(), running.stdout.strip()
+    assert gl.run("wait", ended).returncode == 0
+    assert complete(gl, "logs", "") == [ended, running]
+    assert complete(gl, "cancel", "") == [running]  # only jobs that have not ended
+    assert complete(gl, "resubmit", "") == [ended]  # only jobs that have
+    assert complete(gl, "submit", "--after", ended + ",") == [ended + "," + ended,
+                                                             ended + "," + running]
+    result = gl.run("__complete", "--", "wait", ended)
+    assert result.stdout.startswith(ended + "\tdone [first] true")
+    assert gl.run("cancel", running).returncode == 0
 
 
 def test_completes_nothing_after_dashes(gl):

@@ -1,4 +1,4 @@
-"""Jobs (`gpulock submit`, `jobs`, `logs`, `wait`, `cancel`) with real processes: many jobs
+"""Jobs (`gpulock submit`, `jobs`, `logs`, `wait`, `cancel`, `resubmit`) with real processes: many jobs
 over few GPUs checked by an independent audit, jobs outliving the session that submitted them,
 a killed supervisor showing as lost with its GPU free at once, cancel and time limits, two real
 users, and hostile entries in the shared store.
@@ -204,6 +204,54 @@ def test_failed_job_and_missing_program(gl):
     assert listed[missing]["state"] == "failed"
 
 
+def test_resubmit_runs_an_ended_job_again_as_it_was_submitted(gl, tmp_path):
+    """The command, its name, options and directory come back; the environment is the caller's.
+    The first run fails (no `go` file yet), the second, submitted from elsewhere, succeeds."""
+    env = gl.env(fake="2")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    script = 'test -e go && echo "ran in $PWD on $CUDA_VISIBLE_DEVICES with $MARK"'
+    first = gl.run("submit", "--name", "again", "--gpus", "1", "--", "sh", "-c", script,
+                   env=dict(env, MARK="first"), cwd=workdir)
+    assert first.returncode == 0, first.stderr
+    first = int(first.stdout)
+    assert gl.run("wait", str(first), env=env).returncode == 1
+    (workdir / "go").touch()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    again = gl.run("resubmit", str(first), env=dict(env, MARK="second"), cwd=elsewhere)
+    assert again.returncode == 0, again.stderr
+    second = int(again.stdout)
+    assert second > first
+    assert gl.run("wait", str(second), env=env).returncode == 0
+    assert gl.run("logs", str(second), env=env).stdout == \
+        "ran in %s on 1 with second\n" % workdir
+    listed = jobs(gl, env=env)
+    assert listed[second]["name"] == "again" and listed[second]["resubmitted_from"] == first
+    assert listed[second]["command"] == listed[first]["command"]
+    assert listed[first]["state"] == "failed" and listed[first]["resubmitted_from"] is None
+
+    # An array's job comes back alone, with its index.
+    array = gl.run("submit", "--array", "7-8%1", "--", "sh", "-c",
+                   'echo "$1 $GPULOCK_ARRAY_INDEX"', "job", "{}", env=env)
+    assert array.returncode == 0, array.stderr
+    seventh = int(array.stdout.split()[0])
+    assert gl.run("wait", *array.stdout.split(), env=env).returncode == 0
+    repeat = int(gl.run("resubmit", str(seventh), env=env).stdout)
+    assert gl.run("wait", str(repeat), env=env).returncode == 0
+    assert gl.run("logs", str(repeat), env=env).stdout == "7 7\n"
+
+    # Refused, and nothing submitted: a job still running, an unknown id, a bad one.
+    running = submit(gl, "--", "sleep", "1000", env=env)
+    before = len(jobs(gl, env=env))
+    refused = gl.run("resubmit", str(first), str(running), env=env)
+    assert refused.returncode == 64 and "only an ended job" in refused.stderr
+    assert gl.run("resubmit", "9999", env=env).returncode == 69
+    assert gl.run("resubmit", "x", env=env).returncode == 64
+    assert len(jobs(gl, env=env)) == before
+    assert gl.run("cancel", str(running), env=env).returncode == 0
+
+
 def test_bad_arguments(gl):
     env = gl.env()
     assert gl.run("logs", "abc", env=env).returncode == 64
@@ -252,6 +300,9 @@ def test_two_users_see_each_others_jobs_and_only_root_cancels_both(mu):
     refused = mu.run("cancel", str(job_b), env=env, prefix=a.prefix())
     assert refused.returncode == 69 and "belongs to %s" % b.name in refused.stderr
     assert state_of(mu, job_b, env) == "running"
+    # Submitted again by A, B's command would run as A.
+    refused = mu.run("resubmit", str(job_b), env=env, prefix=a.prefix())
+    assert refused.returncode == 69 and "only its owner" in refused.stderr
     # B's log is B's: A cannot read it.
     assert mu.run("logs", str(job_b), env=env, prefix=a.prefix()).returncode == 69
     assert mu.run("cancel", str(job_a), env=env, prefix=a.prefix()).returncode == 0
