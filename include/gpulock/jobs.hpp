@@ -80,6 +80,9 @@ struct JobInfo {
   std::string problem;   // a record that cannot be read: why (spec and progress then empty)
 };
 
+// `gpulock jobs --json`: {"jobs": [...]}, each job as docs/jobs.md describes it.
+std::string jobs_to_json(const std::vector<JobInfo>& jobs);
+
 // GPULOCK_JOBS_DIR; else, where GPULOCK_DIR is set, its `jobs` directory; else
 // /var/tmp/gpulock-jobs (kept across reboots, so that a job a reboot ended shows as lost instead
 // of vanishing).

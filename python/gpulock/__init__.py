@@ -34,6 +34,9 @@ from ._native import __version__
 # The views and their dataclasses are loaded on first use: `import gpulock` stays fast for the
 # programs that only take a lease.
 _LAZY = {
+    "Job": "_jobs",
+    "jobs": "_jobs",
+    "submit": "_jobs",
     "gpus": "_machine",
     "queue": "_machine",
     "release": "_machine",
@@ -53,6 +56,7 @@ __getattr__, __dir__ = lazy_attributes(__name__, globals(), _LAZY)
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names
+    from ._jobs import Job, jobs, submit
     from ._machine import gpus, queue, release, status
     from ._views import Gpu, GpuProcess, GpuStatus, Holder, Intruder, Queue, QueueEntry, Status
 
@@ -67,6 +71,7 @@ __all__ = [
     "InternalError",
     "Intruder",
     "InvalidRequest",
+    "Job",
     "Lease",
     "NotFound",
     "PermissionDenied",
@@ -80,8 +85,10 @@ __all__ = [
     "__version__",
     "cuda_initialized",
     "gpus",
+    "jobs",
     "lease",
     "queue",
     "release",
     "status",
+    "submit",
 ]

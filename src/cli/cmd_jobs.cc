@@ -12,7 +12,6 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "cli.h"
 
@@ -163,38 +162,6 @@ std::string elapsed_text(const JobInfo& job) {
   if (p.started_unix == 0) return "-";
   const std::int64_t end = p.ended_unix ? p.ended_unix : unix_now();
   return format_duration(std::chrono::seconds(std::max<std::int64_t>(0, end - p.started_unix)));
-}
-
-nlohmann::json job_json(const JobInfo& job) {
-  nlohmann::json j{{"id", job.id},
-                   {"user", job.owner_name},
-                   {"uid", job.owner},
-                   {"directory", job.directory.string()}};
-  if (!job.problem.empty()) {
-    j["problem"] = job.problem;
-    return j;
-  }
-  const auto& p = job.progress;
-  j["name"] = job.spec.name;
-  j["state"] = job_state_name(p.state);
-  j["command"] = job.spec.command;
-  j["lease_options"] = job.spec.lease_options;
-  j["working_directory"] = job.spec.working_directory;
-  j["submitted"] = job.spec.submitted_unix;
-  j["after"] = job.spec.after;
-  j["after_any"] = job.spec.after_any;
-  j["resubmitted_from"] = job.spec.resubmitted_from ? nlohmann::json(job.spec.resubmitted_from)
-                                                    : nlohmann::json(nullptr);
-  j["begin"] = job.spec.begin_unix ? nlohmann::json(job.spec.begin_unix) : nlohmann::json(nullptr);
-  j["started"] = p.started_unix ? nlohmann::json(p.started_unix) : nlohmann::json(nullptr);
-  j["ended"] = p.ended_unix ? nlohmann::json(p.ended_unix) : nlohmann::json(nullptr);
-  j["lease_id"] = p.lease_id.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.lease_id);
-  j["gpus"] = p.gpus;
-  j["exit_status"] = p.exit_status ? nlohmann::json(*p.exit_status) : nlohmann::json(nullptr);
-  j["reason"] = p.reason;
-  j["stdout"] = (job.directory / "stdout").string();
-  j["stderr"] = (job.directory / "stderr").string();
-  return j;
 }
 
 void print_jobs(const std::vector<JobInfo>& jobs) {
@@ -438,9 +405,7 @@ void add_jobs(CLI::App& app, int* exit_status) {
       shown.push_back(std::move(job));
     }
     if (*json) {
-      nlohmann::json list = nlohmann::json::array();
-      for (const auto& job : shown) list.push_back(job_json(job));
-      fmt::print("{}\n", nlohmann::json{{"jobs", list}}.dump(2));
+      fmt::print("{}\n", jobs_to_json(shown));
     } else {
       print_jobs(shown);
     }

@@ -5,6 +5,8 @@
 // signals whenever one interrupts the wait (and every 500 ms), so Ctrl-C stops a wait with
 // KeyboardInterrupt (or whatever the process's SIGINT handler raises) and leaves nothing behind:
 // the queue ticket goes with the exception.
+#include <unistd.h>
+
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -17,6 +19,7 @@
 
 #include "gpulock/error.hpp"
 #include "gpulock/gpu_pool.hpp"
+#include "gpulock/jobs.hpp"
 #include "gpulock/json_output.hpp"
 #include "gpulock/monitor.hpp"
 #include "gpulock/parse.hpp"
@@ -384,6 +387,18 @@ PYBIND11_MODULE(_native, m) {
       "parse_gpu_list",
       [](const std::string& text) { return translated([&] { return parse_gpu_list(text); }); },
       "The entries of a GPU list such as '0,2' or 'GPU-3f…' (as the CLI's --gpus).");
+  m.def(
+      "jobs_json",
+      [](bool all_users) {
+        return translated([&] {
+          std::vector<JobInfo> shown;
+          for (JobInfo& job : JobStore::open(default_jobs_directory()).list())
+            if (all_users || job.owner == ::geteuid()) shown.push_back(std::move(job));
+          return jobs_to_json(shown);
+        });
+      },
+      py::arg("all_users") = false,
+      "`gpulock jobs --json`: the caller's jobs, or every user's, in the machine's store.");
   m.def("cuda_initialized", &cuda_initialized_in_process,
         "True if this process has loaded the CUDA driver and initialised it (cuInit), after "
         "which CUDA_VISIBLE_DEVICES is no longer read.");
