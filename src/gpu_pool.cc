@@ -147,7 +147,11 @@ std::vector<Device> GpuPool::devices() {
   return backend_->device_source().devices();
 }
 void GpuPool::release(const std::string& lease_id) {
-  backend_->release(lease_id);
+  backend_->release(lease_id, /*also_run=*/false);
+}
+
+void GpuPool::stop_lease(const std::string& lease_id) {
+  backend_->release(lease_id, /*also_run=*/true);
 }
 std::vector<std::string> GpuPool::leases_holding(const std::vector<std::string>& gpus) {
   const PoolStatus status = backend_->status();

@@ -98,6 +98,11 @@ class GpuPool {
   // or root, may. Throws kNotFound, kPermissionDenied, or kInvalidArgument for a lease that is
   // held by a running process or command (stop that instead).
   void release(const std::string& lease_id);
+  // As release(), and also a lease of `gpulock run` on this host (`gpulock cancel LEASE_ID`):
+  // `gpulock run` passes SIGTERM on to its command, and the lease ends when that has exited.
+  // The file backend waits up to 10 s for the lease to end (kInternal if it has not by then);
+  // the Redis backend returns once the signal is sent.
+  void stop_lease(const std::string& lease_id);
   // The ids of the leases holding these GPUs of this host (named as LeaseRequest::gpus names
   // them: "0", "0:1", a UUID or a unique prefix), each once, in the order named: for
   // `gpulock release --gpus`. Throws kUnsatisfiable for an unknown GPU, kInvalidArgument for an

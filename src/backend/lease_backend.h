@@ -31,7 +31,9 @@ class LeaseBackend {
   virtual PoolStatus status() = 0;
   virtual PoolStatus pool_status() = 0;
   virtual QueueStatus queue() = 0;
-  virtual void release(const std::string& lease_id) = 0;
+  // Ends a detached lease; with `also_run`, also a lease of `gpulock run` on this host, whose
+  // command gets SIGTERM through it (GpuPool::stop_lease).
+  virtual void release(const std::string& lease_id, bool also_run) = 0;
   virtual std::vector<DoctorCheck> doctor() = 0;
   // Makes ready at boot what the backend keeps on this machine (`gpulock init`).
   virtual void prepare() = 0;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <cstring>
@@ -470,17 +471,28 @@ void add_wait(CLI::App& app, int* exit_status) {
   });
 }
 
+// A lease id as `gpulock status` shows it (16 hex digits) rather than a job id.
+bool is_lease_id_argument(const std::string& text) {
+  return text.size() == 16 &&
+         std::all_of(text.begin(), text.end(), [](char c) { return std::isxdigit(c) != 0; });
+}
+
 void add_cancel(CLI::App& app, int* exit_status) {
   auto* command = app.add_subcommand("cancel",
-                                     "Cancel jobs: waiting ones leave the queue, "
-                                     "running ones get SIGTERM (SIGKILL 10 s later)");
+                                     "Cancel jobs: waiting ones leave the queue, running ones "
+                                     "get SIGTERM (SIGKILL 10 s later); or end a lease of "
+                                     "`gpulock run` by its id");
   auto ids = std::make_shared<std::vector<std::string>>();
   auto all = std::make_shared<bool>(false);
-  command->add_option("ids", *ids, "Job ids");
+  command->add_option("ids", *ids, "Job ids, or lease ids (16 hex digits) of `gpulock run`");
   command->add_flag("--all", *all, "All of your jobs that have not ended");
+  command->footer(
+      "A lease id ends a lease of `gpulock run` (or `gpulock acquire`) on this machine, yours\n"
+      "or, for root, anyone's: run passes SIGTERM on to its command and exits with it.");
   command->callback([ids, all, exit_status] {
     const JobStore store = open_store();
     std::vector<std::uint64_t> wanted;
+    std::vector<std::string> leases;
     if (*all) {
       if (!ids->empty()) throw Error(ErrorCode::kInvalidArgument, "either job ids or --all");
       for (const JobInfo& job : store.list())
@@ -490,16 +502,35 @@ void add_cancel(CLI::App& app, int* exit_status) {
     } else {
       if (ids->empty())
         throw Error(ErrorCode::kInvalidArgument, "name the jobs to cancel, or --all");
-      for (const auto& text : *ids) wanted.push_back(job_id_argument(text));
+      for (const auto& text : *ids) {
+        if (is_lease_id_argument(text))
+          leases.push_back(text);
+        else
+          wanted.push_back(job_id_argument(text));
+      }
     }
     int status = 0;
+    const auto failed = [&status](const Error& e) {
+      print_error(e.what());
+      if (status == 0) status = exit_status_for(e.code());
+    };
     for (const std::uint64_t id : wanted) {
       try {
         store.cancel(id);
         fmt::print("cancelled job {}\n", id);
       } catch (const Error& e) {
-        print_error(e.what());
-        if (status == 0) status = exit_status_for(e.code());
+        failed(e);
+      }
+    }
+    if (!leases.empty()) {
+      GpuPool pool = open_pool("");
+      for (const std::string& id : leases) {
+        try {
+          pool.stop_lease(id);
+          fmt::print("ended lease {}\n", id);
+        } catch (const Error& e) {
+          failed(e);
+        }
       }
     }
     *exit_status = status;

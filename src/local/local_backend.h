@@ -42,7 +42,7 @@ class LocalBackend final : public LeaseBackend {
   PoolStatus status() override;
   PoolStatus pool_status() override { return status(); }
   QueueStatus queue() override { return queue_status(); }
-  void release(const std::string& lease_id) override;
+  void release(const std::string& lease_id, bool also_run) override;
   std::vector<DoctorCheck> doctor() override;
   void prepare() override;
 

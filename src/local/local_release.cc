@@ -1,4 +1,5 @@
-// GpuPool::release(): ending a detached lease by stopping its holder, owner or root only.
+// GpuPool::release() and stop_lease(): ending a detached lease (or, for stop_lease, a lease of
+// `gpulock run`) by stopping its holder, owner or root only.
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -59,7 +60,7 @@ const HolderRecord* record_of(const LockState& p, const std::string& id) {
 
 }  // namespace
 
-void LocalBackend::release(const std::string& lease_id) {
+void LocalBackend::release(const std::string& lease_id, bool also_run) {
   check_lease_id(lease_id);
   std::optional<HolderRecord> found;
   std::vector<std::string> uuids;
@@ -82,7 +83,9 @@ void LocalBackend::release(const std::string& lease_id) {
 
   const uid_t me = ::geteuid();
   if (me != 0 && me != found->uid) throw not_the_owner(lease_id, *found);
-  if (found->kind != HolderKind::kDetached) throw held_by_a_running_process(lease_id, *found);
+  const bool stoppable =
+      found->kind == HolderKind::kDetached || (also_run && found->kind == HolderKind::kRun);
+  if (!stoppable) throw held_by_a_running_process(lease_id, *found);
 
   // Signal only the process that really holds these lock files: same identity (pid + start
   // time), owned by the lease's user, with every one of the files open. A pidfd pins the
@@ -117,9 +120,14 @@ void LocalBackend::release(const std::string& lease_id) {
     if (!still_held) return;
     releases.wait(/*wake_fd=*/-1, std::chrono::milliseconds(200));
   }
-  throw Error(ErrorCode::kInternal,
-              fmt::format("lease {}: its holder (pid {}) was asked to stop but still holds it",
-                          lease_id, pid));
+  throw Error(
+      ErrorCode::kInternal,
+      found->kind == HolderKind::kRun
+          ? fmt::format("lease {}: its command was sent SIGTERM (through gpulock run, pid "
+                        "{}) and has not exited within {} s; SIGKILL it to end it now",
+                        lease_id, pid, kReleaseWait.count())
+          : fmt::format("lease {}: its holder (pid {}) was asked to stop but still holds it",
+                        lease_id, pid));
 }
 
 }  // namespace gpulock

@@ -44,7 +44,7 @@ class RedisBackend final : public LeaseBackend {
   PoolStatus status() override { return status(/*whole_pool=*/false); }
   PoolStatus pool_status() override { return status(/*whole_pool=*/true); }
   QueueStatus queue() override;
-  void release(const std::string& lease_id) override;
+  void release(const std::string& lease_id, bool also_run) override;
   std::vector<DoctorCheck> doctor() override;
   void prepare() override {}  // nothing on this machine to prepare
 

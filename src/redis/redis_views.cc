@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -121,7 +123,7 @@ QueueStatus RedisBackend::queue_of(const Snapshot& snap) {
   return status;
 }
 
-void RedisBackend::release(const std::string& lease_id) {
+void RedisBackend::release(const std::string& lease_id, bool also_run) {
   check_lease_id(lease_id);
   RedisConnectionLoan connection(*connections_);
   const RedisValue fields =
@@ -138,6 +140,14 @@ void RedisBackend::release(const std::string& lease_id) {
                             lease_id));
   if (record && record->user != me && ::geteuid() != 0) throw not_the_owner(lease_id, *record);
   const bool here = record && record->host == settings_.host;
+  if (here && also_run && record->kind == HolderKind::kRun && is_alive(record->holder)) {
+    // `gpulock run` passes the signal on and ends the lease once its command has exited.
+    if (::kill(record->holder.pid, SIGTERM) != 0)
+      throw Error(errno == EPERM ? ErrorCode::kPermissionDenied : ErrorCode::kInternal,
+                  fmt::format("cannot stop the holder of lease {} (pid {}): {}", lease_id,
+                              record->holder.pid, std::strerror(errno)));
+    return;
+  }
   if (here && record->kind != HolderKind::kDetached && is_alive(record->holder))
     throw held_by_a_running_process(lease_id, *record);
   // Compare-and-delete, and a mark that tells the holder's renewals the lease ended.

@@ -252,6 +252,23 @@ def test_resubmit_runs_an_ended_job_again_as_it_was_submitted(gl, tmp_path):
     assert gl.run("cancel", str(running), env=env).returncode == 0
 
 
+def test_cancel_ends_a_lease_of_gpulock_run_by_its_id(gl):
+    """`release` refuses a lease of `gpulock run`; `cancel LEASE_ID` ends it: run passes SIGTERM
+    on to its command and exits with it, and the GPU is free at once after."""
+    env = gl.env(fake="1")
+    run = gl.spawn("run", "-n", "1", "--", "sleep", "1000", env=env)
+    gl.wait_state(0, "leased", env=env)
+    lease = gl.gpu_status(0, env=env)["holder"]["lease_id"]
+    refused = gl.run("release", lease, env=env)
+    assert refused.returncode == 64 and "running command" in refused.stderr
+    ended = gl.run("cancel", lease, env=env)
+    assert ended.returncode == 0, ended.stderr
+    assert ended.stdout == "ended lease %s\n" % lease
+    assert run.wait(timeout=HANG) == 143
+    assert gl.run("run", "--no-wait", "--", "true", env=env).returncode == 0
+    assert gl.run("cancel", lease, env=env).returncode == 69  # no such lease now
+
+
 def test_bad_arguments(gl):
     env = gl.env()
     assert gl.run("logs", "abc", env=env).returncode == 64
