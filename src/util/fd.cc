@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -18,9 +19,15 @@ std::string errno_message(const std::string& what, int errno_value) {
 }
 
 std::string read_prefix(int fd, std::size_t limit) {
-  std::string bytes(limit, '\0');
+  // The buffer grows as the file turns out longer: a few-byte record must not cost a zeroed
+  // buffer of the whole limit (a megabyte per record read when `gpulock jobs` lists a store).
+  std::string bytes(std::min<std::size_t>(limit, 4096), '\0');
   std::size_t got = 0;
-  while (got < bytes.size()) {
+  for (;;) {
+    if (got == bytes.size()) {
+      if (bytes.size() == limit) break;
+      bytes.resize(std::min(limit, bytes.size() * 2));
+    }
     const ssize_t n = ::pread(fd, bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
