@@ -28,7 +28,7 @@ double parse_watts(std::string_view text);
 // "0,2,GPU-8a1c…": split on commas, trimmed; empty items refused.
 std::vector<std::string> parse_gpu_list(std::string_view text);
 
-// For display: "80.0 GiB", "512 MiB"; "1h 02m", "3m 05s", "12s".
+// For display: "80.0 GiB", "512 MiB", "8 KiB" (below 1 MiB), "0 MiB"; "1h 02m", "3m 05s", "12s".
 std::string format_size(std::uint64_t bytes);
 std::string format_duration(std::chrono::seconds duration);
 

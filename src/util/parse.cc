@@ -150,7 +150,9 @@ std::string format_size(std::uint64_t bytes) {
   constexpr double kGiB = 1024.0 * 1024 * 1024;
   constexpr double kMiB = 1024.0 * 1024;
   if (bytes >= 1024ULL * 1024 * 1024) return fmt::format("{:.1f} GiB", bytes / kGiB);
-  return fmt::format("{:.0f} MiB", bytes / kMiB);
+  if (bytes >= 1024ULL * 1024 || bytes == 0) return fmt::format("{:.0f} MiB", bytes / kMiB);
+  if (bytes >= 1024) return fmt::format("{:.0f} KiB", bytes / 1024.0);
+  return fmt::format("{} B", bytes);
 }
 
 std::string format_duration(std::chrono::seconds duration) {

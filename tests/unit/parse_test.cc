@@ -217,6 +217,11 @@ TEST(FormatSizeTest, WholeMiBBelowOneGiB) {
   EXPECT_EQ(format_size(1023 * kMiB), "1023 MiB");
 }
 
+TEST(FormatSizeTest, BelowOneMiBInKiBOrBytes) {
+  EXPECT_EQ(format_size(8 * 1024), "8 KiB");
+  EXPECT_EQ(format_size(1000), "1000 B");
+}
+
 TEST(FormatSizeTest, RoundTripsThroughParseSize) {
   EXPECT_EQ(parse_size(format_size(20 * kGiB)), 20 * kGiB);
   EXPECT_EQ(parse_size(format_size(512 * kMiB)), 512 * kMiB);
