@@ -32,6 +32,11 @@
 //   # The local usage journal (docs/operations.md); GPULOCK_JOURNAL_DIR overrides it.
 //   journal_dir = "/var/lib/gpulock/journal"   # or "off"
 //   journal_file_size = "64M"                   # rotated past this size
+//
+//   # Jobs (gpulock submit, docs/jobs.md); GPULOCK_JOBS_DIR overrides jobs_dir.
+//   jobs_dir = "/var/tmp/gpulock-jobs"  # the job store, shared by every user (mode 1777)
+//   job_logs_readable = false           # every user may read a job's output (--readable-logs)
+//   job_log_size = "1G"                 # each log (stdout, stderr) kept up to this; or "off"
 #pragma once
 
 #include <chrono>
@@ -71,6 +76,9 @@ struct Config {
   std::uint64_t journal_file_size = 64ull << 20;  // a journal file is rotated past this size
   std::optional<unsigned> max_jobs_per_gpu;       // shared leases per GPU; unset = no cap
   std::uint64_t shared_memory_reserve_bytes = 0;  // kept back from shared leases on each GPU
+  std::string jobs_dir;            // the job store; "" = the default (default_jobs_directory)
+  bool job_logs_readable = false;  // a job's logs readable by every user unless it says not
+  std::uint64_t job_log_size = 1ull << 30;  // each log's cap in bytes; 0 = none ("off")
 
   // The limits that apply to `user`: their own entries, else the defaults, field by field.
   UserLimits limits_for(const std::string& user) const;

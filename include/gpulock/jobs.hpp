@@ -83,9 +83,9 @@ struct JobInfo {
 // `gpulock jobs --json`: {"jobs": [...]}, each job as docs/jobs.md describes it.
 std::string jobs_to_json(const std::vector<JobInfo>& jobs);
 
-// GPULOCK_JOBS_DIR; else, where GPULOCK_DIR is set, its `jobs` directory; else
-// /var/tmp/gpulock-jobs (kept across reboots, so that a job a reboot ended shows as lost instead
-// of vanishing).
+// GPULOCK_JOBS_DIR; else the config's jobs_dir; else, where GPULOCK_DIR is set, its `jobs`
+// directory; else /var/tmp/gpulock-jobs (kept across reboots, so that a job a reboot ended shows
+// as lost instead of vanishing). Throws Error(kConfig) for an invalid config file.
 std::filesystem::path default_jobs_directory();
 
 class JobStore {
@@ -138,6 +138,14 @@ class JobStore {
 // throws Error if it could not be, after recording the job as failed. Closes `job.lock_fd`.
 void launch_job(JobStore::Created& job, const std::string& program,
                 const std::vector<std::string>& argv);
+
+// In a job's supervisor, before it starts the command: points standard output and error (the
+// job's log files) at pipes to a relay process that appends what comes through to those files,
+// each up to `cap_bytes` (the config's job_log_size); past it output is read and dropped, and
+// one line says so. The relay ignores the signals of a cancel and ends when every writer (this
+// process and the command's) has closed; it holds no other descriptor. 0 = no cap: nothing is
+// done, the command writes to the files itself. Throws Error(kEnvironment) if it cannot start.
+void start_job_log_relay(std::uint64_t cap_bytes);
 
 // Used by a job's supervisor (the hidden `gpulock run --job`): replaces the job's state file.
 void write_job_progress(const std::filesystem::path& directory, const JobProgress& progress);

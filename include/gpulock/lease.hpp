@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <sys/types.h>
@@ -21,6 +22,9 @@
 namespace gpulock {
 
 struct LeaseState;  // the library's own (src/backend/lease_state.h)
+
+// True if `text` is a lease id: 16 lowercase hex digits, as GPULOCK_LEASE_ID holds.
+bool is_lease_id(std::string_view text);
 
 struct LeasedGpu {
   unsigned index = 0;

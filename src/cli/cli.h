@@ -62,6 +62,8 @@ void add_log_command(CLI::App& app, int* exit_status);      // cmd_usage.cc
 void add_journal_command(CLI::App& app, int* exit_status);  // `journal seal`
 // submit, jobs, logs, wait, cancel (cmd_jobs.cc).
 void add_job_commands(CLI::App& app, int* exit_status);
+// The job store the commands use: JobStore::open(default_jobs_directory()) (cmd_jobs.cc).
+JobStore open_job_store();
 // Prints what sealing the journal did: files on stdout, problems as warnings on stderr. True
 // when every file is sealed (cmd_journal.cc).
 bool print_seal_report(const JournalSealReport& report);

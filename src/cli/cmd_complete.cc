@@ -116,7 +116,7 @@ Candidates lease_values(const std::string& backend) {
 // any for the rest (logs, wait, submit --after).
 Candidates job_values(const std::string& command) {
   Candidates out;
-  for (const JobInfo& job : JobStore::open(default_jobs_directory()).list()) {
+  for (const JobInfo& job : open_job_store().list()) {
     if (job.owner != ::geteuid() || !job.problem.empty()) continue;
     const bool ended = job_state_is_final(job.progress.state);
     if ((command == "cancel" && ended) || (command == "resubmit" && !ended)) continue;

@@ -1,6 +1,8 @@
 // `gpulock init`: make the lock directory and every GPU's lock file ready at boot (root-owned
 // when run as root), so that no user owns, and can delete, a lock file; as root, seal the usage
-// journal's files append-only.
+// journal's files append-only; and make the job store (gpulock submit), root-owned as root.
+#include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -39,6 +41,25 @@ void add_init_command(CLI::App& app, int* exit_status) {
       }
     } else {
       fmt::print("usage journal: {}\n", journal);
+    }
+    // The job store: made here by root, no user owns it (whoever makes it can remove every
+    // job in it). A store that cannot be used is a warning: the leases work without it.
+    try {
+      const JobStore store = open_job_store();
+      struct stat st {};
+      ::stat(store.root().c_str(), &st);
+      if (::geteuid() == 0 && st.st_uid != 0) {
+        const passwd* owner = ::getpwuid(st.st_uid);
+        fmt::print(stderr,
+                   "gpulock: warning: the job store {} belongs to {}, who can remove every "
+                   "user's jobs: chown root {}\n",
+                   store.root().string(),
+                   owner ? std::string(owner->pw_name) : "uid " + std::to_string(st.st_uid),
+                   store.root().string());
+      }
+      fmt::print("job store: {}{}\n", store.root().string(), st.st_uid == 0 ? ", root-owned" : "");
+    } catch (const Error& error) {
+      fmt::print(stderr, "gpulock: warning: {}\n", error.what());
     }
     *exit_status = 0;
   });

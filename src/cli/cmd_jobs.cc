@@ -44,10 +44,6 @@ std::uint64_t job_id_argument(const std::string& text) {
   return id;
 }
 
-JobStore open_store() {
-  return JobStore::open(default_jobs_directory());
-}
-
 // --begin: a duration from now (30m, 2h), a time of day (22:30, the next one), or a local date
 // and time (2026-12-24T18:00, seconds optional). Unix seconds.
 std::int64_t parse_begin(const std::string& text) {
@@ -229,14 +225,19 @@ void add_submit(CLI::App& app, int* exit_status) {
   auto argv = std::make_shared<std::vector<std::string>>();
   auto time_limit = std::make_shared<std::string>();
   auto readable = std::make_shared<bool>(false);
+  auto private_logs = std::make_shared<bool>(false);
   options->add_to(*command);
   command->add_option("--name", *name, "A name for the job (shown by `gpulock jobs`)");
   command
       ->add_option("--time", *time_limit,
                    "Stop the job once it has run this long (SIGTERM, then SIGKILL 10 s later)")
       ->check(duration_check());
-  command->add_flag("--readable-logs", *readable,
-                    "Let every user read the job's output (default: only you and root)");
+  auto* readable_flag = command->add_flag(
+      "--readable-logs", *readable,
+      "Let every user read the job's output (default: only you and root, unless the config's "
+      "job_logs_readable says every user)");
+  command->add_flag("--private-logs", *private_logs, "Only you and root read the job's output")
+      ->excludes(readable_flag);
   auto after = std::make_shared<std::vector<std::string>>();
   auto after_any = std::make_shared<std::vector<std::string>>();
   auto begin = std::make_shared<std::string>();
@@ -259,15 +260,16 @@ void add_submit(CLI::App& app, int* exit_status) {
       "run`,\nthen runs as `gpulock run` would, in the directory and with the environment of "
       "the\nsubmission, in a session of its own: it survives the terminal and the SSH session.\n"
       "Its output goes to files that `gpulock logs ID` shows. See docs/jobs.md.");
-  command->callback([command, options, name, argv, time_limit, readable, after, after_any, begin,
-                     array, exit_status] {
+  command->callback([command, options, name, argv, time_limit, readable, private_logs, after,
+                     after_any, begin, array, exit_status] {
     if (options->no_wait)
       throw Error(ErrorCode::kInvalidArgument, "a job waits for its GPUs: --no-wait is for run");
-    const JobStore store = open_store();
+    const JobStore store = open_job_store();
     JobSpec spec;
     spec.name = *name;
-    spec.lease_options = given_options(
-        *command, {"--name", "--readable-logs", "--after", "--after-any", "--begin", "--array"});
+    spec.lease_options = given_options(*command, {"--name", "--readable-logs", "--private-logs",
+                                                  "--after", "--after-any", "--begin", "--array"});
+    const bool logs_readable = *readable || (!*private_logs && load_config().job_logs_readable);
     spec.after = job_ids_of(store, *after);
     spec.after_any = job_ids_of(store, *after_any);
     if (!begin->empty()) spec.begin_unix = parse_begin(*begin);
@@ -299,7 +301,7 @@ void add_submit(CLI::App& app, int* exit_status) {
         one.array_limit = limit;
         if (position > 0) one.array_first = spec.array_first;
       }
-      JobStore::Created job = store.create(one, *readable);
+      JobStore::Created job = store.create(one, logs_readable);
       if (!array->empty() && position == 0) {
         spec.array_first = job.id;
         if (limit != 0) store.create_array_slots(job.id, limit);
@@ -322,7 +324,7 @@ void add_resubmit(CLI::App& app, int* exit_status) {
       "with this shell's environment. Jobs it waited for have ended: it does not wait again.\n"
       "A job of an array comes back alone, with its index, outside the array's %K limit.");
   command->callback([ids, exit_status] {
-    const JobStore store = open_store();
+    const JobStore store = open_job_store();
     std::vector<JobInfo> jobs;
     for (const auto& text : *ids) {  // all checked before any is submitted
       JobInfo job = existing_job(store, job_id_argument(text));
@@ -389,7 +391,7 @@ void add_jobs(CLI::App& app, int* exit_status) {
   command->add_flag("--json", *json, "Machine-readable output (docs/jobs.md)");
   command->add_flag("--clean", *clean, "Forget your jobs that have ended (their records and logs)");
   command->callback([all, states, json, clean, exit_status] {
-    const JobStore store = open_store();
+    const JobStore store = open_job_store();
     if (*clean) {
       const std::size_t removed = store.clean();
       fmt::print("removed {} ended job{}\n", removed, removed == 1 ? "" : "s");
@@ -423,7 +425,7 @@ void add_logs(CLI::App& app, int* exit_status) {
   command->add_flag("--stderr", *err, "Its standard error instead");
   command->add_flag("-f,--follow", *follow, "Keep printing what it writes until the job ends");
   command->callback([id, err, follow, exit_status] {
-    const JobStore store = open_store();
+    const JobStore store = open_job_store();
     const JobInfo job = existing_job(store, job_id_argument(*id));
     const auto path = job.directory / (*err ? "stderr" : "stdout");
     const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
@@ -454,7 +456,7 @@ void add_wait(CLI::App& app, int* exit_status) {
   auto ids = std::make_shared<std::vector<std::string>>();
   command->add_option("ids", *ids, "Job ids")->required();
   command->callback([ids, exit_status] {
-    const JobStore store = open_store();
+    const JobStore store = open_job_store();
     std::vector<std::uint64_t> wanted;
     for (const auto& text : *ids) wanted.push_back(job_id_argument(text));
     int status = 0;
@@ -472,11 +474,6 @@ void add_wait(CLI::App& app, int* exit_status) {
 }
 
 // A lease id as `gpulock status` shows it (16 hex digits) rather than a job id.
-bool is_lease_id_argument(const std::string& text) {
-  return text.size() == 16 &&
-         std::all_of(text.begin(), text.end(), [](char c) { return std::isxdigit(c) != 0; });
-}
-
 void add_cancel(CLI::App& app, int* exit_status) {
   auto* command = app.add_subcommand("cancel",
                                      "Cancel jobs: waiting ones leave the queue, running ones "
@@ -490,7 +487,7 @@ void add_cancel(CLI::App& app, int* exit_status) {
       "A lease id ends a lease of `gpulock run` (or `gpulock acquire`) on this machine, yours\n"
       "or, for root, anyone's: run passes SIGTERM on to its command and exits with it.");
   command->callback([ids, all, exit_status] {
-    const JobStore store = open_store();
+    const JobStore store = open_job_store();
     std::vector<std::uint64_t> wanted;
     std::vector<std::string> leases;
     if (*all) {
@@ -503,7 +500,7 @@ void add_cancel(CLI::App& app, int* exit_status) {
       if (ids->empty())
         throw Error(ErrorCode::kInvalidArgument, "name the jobs to cancel, or --all");
       for (const auto& text : *ids) {
-        if (is_lease_id_argument(text))
+        if (is_lease_id(text))
           leases.push_back(text);
         else
           wanted.push_back(job_id_argument(text));
@@ -538,6 +535,10 @@ void add_cancel(CLI::App& app, int* exit_status) {
 }
 
 }  // namespace
+
+JobStore open_job_store() {
+  return JobStore::open(default_jobs_directory());
+}
 
 void add_job_commands(CLI::App& app, int* exit_status) {
   add_submit(app, exit_status);

@@ -209,6 +209,7 @@ void add_run_command(CLI::App& app, int* exit_status) {
           if (job && job_cancel_requested(*job_dir)) return true;
           return over_memory && over_memory();
         };
+      if (job) start_job_log_relay(load_config().job_log_size);
       *exit_status = run_command(
           *lease, *argv, options->visible_format(),
           *on_loss == "kill" ? LeaseLossAction::kKill : LeaseLossAction::kWarn, check,

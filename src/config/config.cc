@@ -151,6 +151,25 @@ class ConfigReader {
         }
         if (config.journal_file_size < 4096)
           fail_at(node.source(), "'journal_file_size': at least 4K");
+      } else if (key == "jobs_dir") {
+        config.jobs_dir = read_text(node, "'jobs_dir' (a directory)");
+        if (config.jobs_dir.empty()) fail_at(node.source(), "'jobs_dir' must name a directory");
+      } else if (key == "job_logs_readable") {
+        const auto* flag = node.as_boolean();
+        if (flag == nullptr) wrong_type(node, "'job_logs_readable'", "true or false");
+        config.job_logs_readable = flag->get();
+      } else if (key == "job_log_size") {
+        const std::string text = read_text(node, "'job_log_size' (\"1G\", or \"off\")");
+        if (text == "off") {
+          config.job_log_size = 0;
+        } else {
+          try {
+            config.job_log_size = parse_size(text);
+          } catch (const Error& error) {
+            fail_at(node.source(), fmt::format("'job_log_size': {}", error.what()));
+          }
+          if (config.job_log_size < 4096) fail_at(node.source(), "'job_log_size': at least 4K");
+        }
       } else if (key == "max_jobs_per_gpu") {
         config.max_jobs_per_gpu = read_limit(node, "'max_jobs_per_gpu'", 1);
       } else if (key == "shared_memory_reserve") {
@@ -164,7 +183,8 @@ class ConfigReader {
         unknown_key(key, node, "",
                     {"policy", "exclude_gpus", "limits", "backend", "pool", "lease_ttl",
                      "redis_password_file", "idle_after", "serve_show_commands", "journal_dir",
-                     "journal_file_size", "max_jobs_per_gpu", "shared_memory_reserve"});
+                     "journal_file_size", "max_jobs_per_gpu", "shared_memory_reserve", "jobs_dir",
+                     "job_logs_readable", "job_log_size"});
       }
     }
     return config;

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "gpulock/config.hpp"
 #include "gpulock/error.hpp"
 #include "gpulock/jobs.hpp"
 #include "local/gpu_lock_file.h"
@@ -309,6 +310,7 @@ bool job_state_is_final(JobState state) {
 
 std::filesystem::path default_jobs_directory() {
   if (const char* dir = std::getenv("GPULOCK_JOBS_DIR"); dir && *dir) return dir;
+  if (std::string configured = load_config().jobs_dir; !configured.empty()) return configured;
   if (const char* dir = std::getenv("GPULOCK_DIR"); dir && *dir)
     return std::filesystem::path(dir) / "jobs";
   return "/var/tmp/gpulock-jobs";

@@ -3,12 +3,13 @@
 
 #include <string>
 
+#include "gpulock/lease.hpp"
+
 namespace gpulock {
 
 // 16 lowercase hex digits (64 bits) from the kernel's random source.
 std::string make_lease_id();
 
-// True if text looks like a lease id (what make_lease_id returns).
-bool is_lease_id(std::string_view text);
+// is_lease_id(), which tells such an id, is public: gpulock/lease.hpp.
 
 }  // namespace gpulock

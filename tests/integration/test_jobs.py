@@ -397,3 +397,40 @@ def test_array_with_a_limit_runs_each_index_once_at_most_k_at_once(gl, tmp_path)
     assert [listed[j]["name"] for j in ids] == ["sweep[%d]" % i for i in indices]
     assert gl.run("submit", "--array", "5-1", "--", "true", env=env).returncode == 64
     assert gl.run("submit", "--array", "1-3%0", "--", "true", env=env).returncode == 64
+
+
+def test_config_places_the_store_sets_log_readability_and_caps_each_log(gl, tmp_path):
+    """jobs_dir, job_logs_readable and job_log_size from the config: the store is where it says,
+    logs are readable by all unless --private-logs, and each log keeps its first job_log_size
+    bytes and one line saying the rest was dropped, while the command, writing far past the cap,
+    runs to its end (the relay reads and drops, never blocks it)."""
+    store = tmp_path / "store"
+    config = tmp_path / "config.toml"
+    config.write_text('jobs_dir = "%s"\njob_logs_readable = true\njob_log_size = "8K"\n' % store)
+    env = gl.env(fake="1", GPULOCK_CONFIG=config)
+    # 1 MiB on stdout, 1 MiB on stderr, then a last word on each: past the cap, so dropped.
+    script = ("head -c 1048576 /dev/zero | tr '\\0' o; head -c 1048576 /dev/zero | tr '\\0' e >&2;"
+              " echo last; echo last >&2")
+    loud = submit(gl, "--", "sh", "-c", script, env=env)
+    quiet = submit(gl, "--private-logs", "--", "sh", "-c", "echo small", env=env)
+    assert gl.run("wait", str(loud), str(quiet), env=env).returncode == 0
+    listed = jobs(gl, env=env)
+    assert {listed[loud]["directory"], listed[quiet]["directory"]} == {
+        str(store / str(loud)), str(store / str(quiet))}
+    for name, fill in (("stdout", b"o"), ("stderr", b"e")):
+        data = (store / str(loud) / name).read_bytes()
+        kept, _, note = data.partition(b"\ngpulock: ")
+        assert kept == fill * 8192, (name, len(kept))
+        assert b"cap of 8 KiB (job_log_size" in note and b"last" not in note
+        assert (store / str(loud) / name).stat().st_mode & 0o004
+    assert (store / str(quiet) / "stdout").read_text() == "small\n"
+    assert not (store / str(quiet) / "stdout").stat().st_mode & 0o004
+    assert listed[loud]["state"] == "done"
+    # Not a cap: "off" keeps everything; a nonsense one is a config error, nothing submitted.
+    config.write_text('jobs_dir = "%s"\njob_log_size = "off"\n' % store)
+    whole = submit(gl, "--", "sh", "-c", "head -c 20000 /dev/zero", env=env)
+    assert gl.run("wait", str(whole), env=env).returncode == 0
+    assert (store / str(whole) / "stdout").stat().st_size == 20000
+    config.write_text('job_log_size = "12"\n')
+    bad = gl.run("submit", "--", "true", env=env)
+    assert bad.returncode == 78 and "job_log_size" in bad.stderr, (bad.returncode, bad.stderr)

@@ -141,6 +141,10 @@ def test_init_as_root_stops_users_deleting_lock_files(mu):
     assert os.stat(mu.lock_dir).st_uid == 0
     for name in os.listdir(mu.lock_dir):
         assert os.stat(mu.lock_dir / name).st_uid == 0, name
+    # The job store too: root's, sticky and open to all, so no user can remove others' jobs.
+    store = os.stat(mu.lock_dir / "jobs")
+    assert store.st_uid == 0 and store.st_mode & 0o7777 == 0o1777
+    assert "job store: %s, root-owned" % (mu.lock_dir / "jobs") in result.stdout
     assert mu.status(prefix=b.prefix())["warnings"] == []
     path = mu.lock_dir / ("gpu-%s.lock" % sim_uuid(0))
     result = subprocess.run(a.prefix() + ["rm", "-f", str(path)], capture_output=True, text=True)
