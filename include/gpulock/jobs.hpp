@@ -17,6 +17,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gpulock {
@@ -36,6 +37,13 @@ const char* job_state_name(JobState state);
 // The state named `name` ("waiting", …); nullopt for anything else.
 std::optional<JobState> job_state_from_name(const std::string& name);
 bool job_state_is_final(JobState state);
+
+// The label of a job's lease: "job 56", or "job 56 NAME" with the job's name or --label, so
+// that every view of leases (status, queue, dashboard, metrics, journal) names the job.
+std::string job_lease_label(const std::string& job_id, const std::string& label);
+// The job id a lease label names ("56" for "job 56 …"); "" for a label of no job. The label is
+// the holder's word: a `gpulock run --label "job 56"` reads as job 56 too.
+std::string job_of_lease_label(std::string_view label);
 
 // What `gpulock submit` records once: what to run, where, and how to lease its GPUs.
 struct JobSpec {

@@ -67,11 +67,13 @@ struct JournalContents {
   bool available = true;               // false when there is no journal to read
 };
 
-enum class UsageGrouping { kUser, kGpu, kLabel, kDay };
+enum class UsageGrouping { kUser, kGpu, kLabel, kDay, kJob };
 const char* usage_grouping_name(UsageGrouping grouping) noexcept;  // "user", "gpu", ...
 
 struct UsageGroup {
-  std::string key;  // the user, GPU UUID, label ("" for none) or day (YYYY-MM-DD, UTC)
+  // The user, GPU UUID, label ("" for none), day (YYYY-MM-DD, UTC) or job id ("" for leases of
+  // no job).
+  std::string key;
   double gpu_hours = 0;
   unsigned leases = 0;             // leases that overlap the window
   double median_wait_seconds = 0;  // over those leases' waits

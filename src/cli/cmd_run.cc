@@ -166,6 +166,10 @@ void add_run_command(CLI::App& app, int* exit_status) {
       struct sigaction on_term {};
       on_term.sa_handler = ask_to_stop;
       ::sigaction(SIGTERM, &on_term, nullptr);
+      // The lease says whose it is: `job ID` and the job's name or label, in status, queue,
+      // the dashboard, metrics and the usage journal (`usage --by job` reads it back).
+      const std::string id = std::filesystem::path(*job_dir).filename().string();
+      options->label = job_lease_label(id, options->label);
     }
     const auto limit = time_limit->empty()
                            ? std::optional<std::chrono::milliseconds>()

@@ -86,8 +86,8 @@ void add_usage_command(CLI::App& app, int* exit_status) {
   command->add_option("--since", options->since,
                       "Start of the window: 7d, 12h, 30m ago, or a date (UTC); default 30d");
   command->add_option("--until", options->until, "End of the window, as --since; default now");
-  command->add_option("--by", options->by, "Group by user, gpu, label or day (UTC)")
-      ->check(CLI::IsMember({"user", "gpu", "label", "day"}));
+  command->add_option("--by", options->by, "Group by user, gpu, label, job or day (UTC)")
+      ->check(CLI::IsMember({"user", "gpu", "label", "job", "day"}));
   auto* json = command->add_flag("--json", options->json, "Machine-readable output (docs/json.md)");
   command->add_flag("--csv", options->csv, "Comma-separated values, one line per group")
       ->excludes(json);
@@ -98,6 +98,7 @@ void add_usage_command(CLI::App& app, int* exit_status) {
     const UsageGrouping by = options->by == "gpu"     ? UsageGrouping::kGpu
                              : options->by == "label" ? UsageGrouping::kLabel
                              : options->by == "day"   ? UsageGrouping::kDay
+                             : options->by == "job"   ? UsageGrouping::kJob
                                                       : UsageGrouping::kUser;
     GpuPool pool = open_pool(options->backend);
     const UsageReport report = pool.usage(since, until, by);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpulock/error.hpp"
+#include "gpulock/jobs.hpp"
 #include "gpulock/json_output.hpp"
 #include "gpulock/usage.hpp"
 #include "journal/journal_line.h"
@@ -107,6 +108,8 @@ const char* usage_grouping_name(UsageGrouping grouping) noexcept {
       return "label";
     case UsageGrouping::kDay:
       return "day";
+    case UsageGrouping::kJob:
+      return "job";
   }
   return "user";
 }
@@ -160,6 +163,9 @@ UsageReport summarize_usage(const std::vector<UsageLease>& leases, double since,
         break;
       case UsageGrouping::kLabel:
         add(groups[lease.start.label], lease, (end - begin) * gpus);
+        break;
+      case UsageGrouping::kJob:
+        add(groups[job_of_lease_label(lease.start.label)], lease, (end - begin) * gpus);
         break;
       case UsageGrouping::kGpu:
         for (const auto& gpu : lease.start.gpus) add(groups[gpu.uuid], lease, end - begin);

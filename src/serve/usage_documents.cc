@@ -34,6 +34,7 @@ std::optional<UsageGrouping> grouping_named(const std::string& by) {
   if (by == "gpu") return UsageGrouping::kGpu;
   if (by == "label") return UsageGrouping::kLabel;
   if (by == "day") return UsageGrouping::kDay;
+  if (by == "job") return UsageGrouping::kJob;
   return std::nullopt;
 }
 
@@ -44,7 +45,7 @@ UsageDocuments::UsageDocuments(std::function<GpuPool()> open_pool, std::chrono::
 
 std::string UsageDocuments::document(const std::string& since_text, const std::string& by) {
   if (by != "user,day" && !grouping_named(by))
-    throw Error(ErrorCode::kInvalidArgument, "'by' must be user, gpu, label, day or user,day");
+    throw Error(ErrorCode::kInvalidArgument, "'by' must be user, gpu, label, job, day or user,day");
   const double now = unix_now();
   const double since = parse_time_bound(since_text, now);  // throws kInvalidArgument
   if (since > now) throw Error(ErrorCode::kInvalidArgument, "'since' is in the future");

@@ -434,3 +434,32 @@ def test_config_places_the_store_sets_log_readability_and_caps_each_log(gl, tmp_
     config.write_text('job_log_size = "12"\n')
     bad = gl.run("submit", "--", "true", env=env)
     assert bad.returncode == 78 and "job_log_size" in bad.stderr, (bad.returncode, bad.stderr)
+
+
+def test_status_queue_and_usage_name_the_job(gl):
+    """A job's lease is labelled `job ID [NAME]`: status and queue show it, and usage --by job
+    sums each job's GPU-hours apart from leases of no job."""
+    env = gl.env(fake="1")
+    since = time.time() - 1
+    named = submit(gl, "--name", "slice", "--", "sleep", "1000", env=env)
+    wait_state(gl, named, "running", env)
+    plain = submit(gl, "--", "sleep", "1000", env=env)
+    wait_state(gl, plain, "waiting", env)
+    status = json.loads(gl.run("status", "--json", env=env).stdout)
+    assert status["gpus"][0]["holder"]["label"] == "job %d slice" % named
+    assert "[job %d slice]" % named in gl.run("status", env=env).stdout
+    waiting = json.loads(gl.run("queue", "--json", env=env).stdout)["waiting"]
+    assert [w["label"] for w in waiting] == ["job %d" % plain]
+    assert gl.run("cancel", str(named), env=env).returncode == 0
+    wait_state(gl, plain, "running", env)
+    assert gl.run("cancel", str(plain), env=env).returncode == 0
+    wait_state(gl, plain, "cancelled", env)
+    assert gl.run("run", "--label", "not a job", "--", "true", env=env).returncode == 0
+    result = gl.run("usage", "--since", "%.3f" % since, "--by", "job", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["by"] == "job"
+    groups = {g["key"]: g for g in doc["groups"]}
+    assert sorted(groups) == sorted(["", str(named), str(plain)]), groups
+    assert all(g["leases"] == 1 for g in groups.values())
+    assert groups[str(named)]["gpu_hours"] > 0

@@ -129,5 +129,15 @@ TEST(JobStateNames, RoundTrip) {
   EXPECT_FALSE(job_state_from_name("asleep").has_value());
 }
 
+TEST(JobLeaseLabel, NamesTheJobAndReadsItBack) {
+  EXPECT_EQ(job_lease_label("56", ""), "job 56");
+  EXPECT_EQ(job_lease_label("56", "slice"), "job 56 slice");
+  EXPECT_EQ(job_of_lease_label(job_lease_label("56", "slice")), "56");
+  EXPECT_EQ(job_of_lease_label("job 56"), "56");
+  for (const char* label :
+       {"", "job", "job ", "job x", "job 56x", "jobs 56", " job 56", "job 12345678901234567890"})
+    EXPECT_EQ(job_of_lease_label(label), "") << label;
+}
+
 }  // namespace
 }  // namespace gpulock

@@ -179,6 +179,26 @@ TEST(UsageSummary, GpuHoursWaitsAndWindow) {
   EXPECT_EQ(late.total.leases, 1u);
 }
 
+TEST(UsageSummary, ByJobReadsTheJobIdOfTheLabel) {
+  const std::vector<JournalRecord> records = {
+      start("a", 0, "alice", {"G0"}, "job 56 slice", 0), end("a", 3600),
+      start("b", 0, "alice", {"G1"}, "job 56 slice", 0), end("b", 1800),  // a resubmit's twin
+      start("c", 0, "bob", {"G2"}, "job 7", 0),          end("c", 3600),
+      start("d", 0, "bob", {"G3"}, "jobless", 0),        end("d", 3600),
+      start("e", 0, "bob", {"G4"}, "job 8x", 0),         end("e", 3600),
+  };
+  const UsageReport report =
+      summarize_usage(pair_journal_records(records), 0, 7200, UsageGrouping::kJob, 9000);
+  ASSERT_EQ(report.groups.size(), 3u);
+  EXPECT_EQ(report.groups[0].key, "");  // d and e: 2 GPU-hours of no job
+  EXPECT_NEAR(report.groups[0].gpu_hours, 2, 1e-9);
+  EXPECT_EQ(report.groups[1].key, "56");
+  EXPECT_NEAR(report.groups[1].gpu_hours, 1.5, 1e-9);
+  EXPECT_EQ(report.groups[1].leases, 2u);
+  EXPECT_EQ(report.groups[2].key, "7");
+  EXPECT_STREQ(usage_grouping_name(UsageGrouping::kJob), "job");
+}
+
 TEST(UsageSummary, DaysSplitAtUtcMidnight) {
   const double midnight = 86400.0 * 20000;  // a UTC midnight
   const auto leases =
