@@ -98,6 +98,11 @@ struct WaitHooks {
   // (used by the Python binding for Ctrl-C).
   std::function<bool()> interrupted;
   std::chrono::milliseconds interrupt_poll{100};
+  // A descriptor that turns readable when `interrupted` may have changed (the read end of a
+  // pipe a signal handler writes to), or -1. The local backend's waits watch it, which closes
+  // the race of a signal that lands just before a sleep: with it, `interrupt_poll` can be long
+  // and a thousand waiters sleep undisturbed. It is never read; the caller drains it.
+  int interrupt_fd = -1;
 };
 
 }  // namespace gpulock

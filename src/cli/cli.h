@@ -87,7 +87,7 @@ WaitHooks make_wait_display(const std::string& what);
 // set, ends the wait (Error kInterrupted) once it returns true.
 Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::string& command,
                       const std::function<void(const WaitProgress&)>& also_on_progress = {},
-                      const std::function<bool()>& interrupted = {});
+                      const std::function<bool()>& interrupted = {}, int interrupt_fd = -1);
 
 // `gpulock serve`, its options parsed: in gpulock, runs the gpulock-serve program with the
 // same arguments (serve_exec.cc); in gpulock-serve, runs the server (serve_run.cc).

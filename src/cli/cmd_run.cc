@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -19,8 +20,16 @@ namespace gpulock::cli {
 namespace {
 
 std::atomic<bool> stop_asked{false};
+// A job's self-pipe: the handler writes to it, so that a wait for GPUs wakes even when the
+// signal lands just before its sleep (WaitHooks::interrupt_fd). -1 outside a job.
+int stop_pipe[2] = {-1, -1};
 void ask_to_stop(int) {
   stop_asked.store(true);
+  if (stop_pipe[1] >= 0) {
+    const int saved = errno;
+    [[maybe_unused]] const ssize_t n = ::write(stop_pipe[1], "x", 1);  // full: already readable
+    errno = saved;
+  }
 }
 
 // How a run ended, in the job's words.
@@ -163,6 +172,7 @@ void add_run_command(CLI::App& app, int* exit_status) {
       if (*job_lock_fd < 0 || ::fcntl(*job_lock_fd, F_SETFD, FD_CLOEXEC) != 0)
         throw Error(ErrorCode::kInvalidArgument, "--job needs the job's lock (--job-lock-fd)");
       // `gpulock cancel` sends SIGTERM: while waiting it ends the wait, as a cancel.
+      if (::pipe2(stop_pipe, O_NONBLOCK | O_CLOEXEC) != 0) stop_pipe[0] = stop_pipe[1] = -1;
       struct sigaction on_term {};
       on_term.sa_handler = ask_to_stop;
       ::sigaction(SIGTERM, &on_term, nullptr);
@@ -183,7 +193,8 @@ void add_run_command(CLI::App& app, int* exit_status) {
                               job ? std::function<bool()>([dir = *job_dir] {
                                 return stop_asked.load() || job_cancel_requested(dir);
                               })
-                                  : std::function<bool()>());
+                                  : std::function<bool()>(),
+                              stop_pipe[0]);
       std::function<bool()> over_memory;
       if (!on_over_memory->empty())
         over_memory = over_memory_check(

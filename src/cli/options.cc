@@ -124,7 +124,7 @@ VisibleFormat RequestOptions::visible_format() const {
 
 Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::string& command,
                       const std::function<void(const WaitProgress&)>& also_on_progress,
-                      const std::function<bool()>& interrupted) {
+                      const std::function<bool()>& interrupted, int interrupt_fd) {
   LeaseRequest request = options.to_request();
   request.command = command;
   for (const auto& warning : pool.warnings()) print_error("warning: " + warning);
@@ -141,9 +141,11 @@ Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::s
     WaitHooks hooks = make_wait_display(what);
     if (interrupted) {
       hooks.interrupted = interrupted;
-      // A signal ends the wait's sleep at once; this only bounds the delay for one that lands
-      // just before a sleep starts, and keeps a thousand waiting jobs asleep.
-      hooks.interrupt_poll = std::chrono::seconds(10);
+      // A signal ends the wait's sleep at once; the poll bounds the delay for one that lands
+      // just before a sleep starts. With a self-pipe (interrupt_fd) there is no such race, and
+      // the poll only stands in for a mark nobody signalled (a cancel that found no pid).
+      hooks.interrupt_fd = interrupt_fd;
+      hooks.interrupt_poll = interrupt_fd >= 0 ? std::chrono::minutes(5) : std::chrono::seconds(10);
     }
     if (also_on_progress)
       hooks.on_progress = [display = hooks.on_progress, also_on_progress](const WaitProgress& p) {

@@ -445,7 +445,7 @@ JobInfo JobStore::wait(std::uint64_t id, const std::function<bool()>& interrupte
 }
 
 void JobStore::cancel(std::uint64_t id) const {
-  const auto job = find(id);
+  auto job = find(id);
   if (!job) throw Error(ErrorCode::kNotFound, fmt::format("no job {}", id));
   if (job->problem.empty() && job_state_is_final(job->progress.state))
     throw Error(ErrorCode::kInvalidArgument,
@@ -466,6 +466,11 @@ void JobStore::cancel(std::uint64_t id) const {
   // (one SIGTERM, then SIGKILL). One that waits is woken by SIGTERM. The pid is believed only
   // through a pidfd opened while the job's lock is held: a pid named by the state of a
   // supervisor that died may be someone else's by now.
+  // The state is read again now that the mark is there: a supervisor records its pid before it
+  // looks for the mark, so either it sees the mark or this sees its pid.
+  const auto marked = find(id);
+  if (!marked) return;
+  job = marked;
   if (!job->problem.empty() || job->progress.state == JobState::kRunning ||
       job->progress.supervisor_pid <= 0)
     return;

@@ -195,7 +195,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   // caller's interrupt poll; stops if the caller's interrupt asks.
   const auto wait_for_event = [&](std::chrono::milliseconds slice) {
     if (hooks.interrupted) slice = std::min(slice, hooks.interrupt_poll);
-    const WaitChannel::Wakeup woke = channel->wait(ticket.wake_fd(), slice);
+    const WaitChannel::Wakeup woke = channel->wait(ticket.wake_fd(), slice, hooks.interrupt_fd);
     if (hooks.interrupted && hooks.interrupted())
       throw Error(ErrorCode::kInterrupted, "interrupted while waiting for GPUs");
     return woke;

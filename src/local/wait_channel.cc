@@ -144,7 +144,8 @@ WaitChannel::Wakeup WaitChannel::drain() {
   return woke;
 }
 
-WaitChannel::Wakeup WaitChannel::wait(int wake_fd, std::chrono::milliseconds timeout) {
+WaitChannel::Wakeup WaitChannel::wait(int wake_fd, std::chrono::milliseconds timeout,
+                                      int interrupt_fd) {
   Wakeup woke = drain();
   const bool polling = polling_;
   const auto deadline =
@@ -157,15 +158,17 @@ WaitChannel::Wakeup WaitChannel::wait(int wake_fd, std::chrono::milliseconds tim
         std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (!woke.timed_out()) left = std::chrono::milliseconds(0);
     if (left.count() < 0 || (left.count() == 0 && !first)) break;
-    pollfd p[3];
+    constexpr nfds_t kNone = 4;
+    pollfd p[kNone];
     nfds_t count = 0;
     const auto add = [&](int fd) {
       p[count] = pollfd{fd, POLLIN, 0};
-      return fd >= 0 ? count++ : nfds_t(3);
+      return fd >= 0 ? count++ : kNone;
     };
     const nfds_t inotify_at = add(inotify_fd_.get());
     const nfds_t wake_at = add(wake_fd);
     const nfds_t process_at = add(process_fd_.get());
+    const nfds_t interrupt_at = add(interrupt_fd);
     const int ready =
         ::poll(p, count, static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
     if (ready < 0 && errno != EINTR)
@@ -174,18 +177,20 @@ WaitChannel::Wakeup WaitChannel::wait(int wake_fd, std::chrono::milliseconds tim
     // interrupt check runs now rather than at its next poll.
     if (ready < 0) break;
     if (ready == 0) continue;  // (ends the loop if something is known already)
-    if (wake_at < 3 && (p[wake_at].revents & POLLIN) != 0) drain_wakeups(wake_fd, woke);
-    if (process_at < 3 && p[process_at].revents != 0) {
+    if (wake_at < kNone && (p[wake_at].revents & POLLIN) != 0) drain_wakeups(wake_fd, woke);
+    if (process_at < kNone && p[process_at].revents != 0) {
       // The watched waiter ended: its descriptor stays readable, so stop watching it.
       woke.queue_change = woke.watched_ended = true;
       process_fd_.reset();
       watched_pid_ = 0;
     }
-    if (inotify_at < 3 && (p[inotify_at].revents & POLLIN) != 0) {
+    if (inotify_at < kNone && (p[inotify_at].revents & POLLIN) != 0) {
       const Wakeup events = drain();
       woke.release |= events.release;
       woke.queue_change |= events.queue_change;
     }
+    // As for a signal: the caller's interrupt check runs now.
+    if (interrupt_at < kNone && p[interrupt_at].revents != 0) break;
   }
   drain_wakeups(wake_fd, woke);
   if (polling && woke.timed_out() && timeout >= kPollInterval)

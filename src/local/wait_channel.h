@@ -58,9 +58,9 @@ class WaitChannel {
     bool watched_ended = false;  // the watched waiter's process ended
     bool timed_out() const { return !release && !queue_change; }
   };
-  // Sleeps until one of the sources fires or the timeout passes, or a signal handler runs
-  // (then it returns early, as if timed out). wake_fd may be -1.
-  Wakeup wait(int wake_fd, std::chrono::milliseconds timeout);
+  // Sleeps until one of the sources fires or the timeout passes, or a signal handler runs or
+  // interrupt_fd turns readable (then it returns early, as if timed out). Either fd may be -1.
+  Wakeup wait(int wake_fd, std::chrono::milliseconds timeout, int interrupt_fd = -1);
 
  private:
   void fall_back_to_polling();
