@@ -2,6 +2,7 @@
 // the machine-wide acquire mutex, in the queue's order, and waiting without polling.
 #include "local/local_backend.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -530,6 +531,14 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
                  : snapshot.health_dependent() || shared_in_queue
                      ? options_.health_recheck_interval
                      : options_.safety_recheck_interval;
+    // A waiter that sleeps until woken keeps no plan: its copy of the queue (each ticket ahead
+    // of it) would make the memory of N waiters grow as N squared. What the plan's reading left
+    // on the heap goes back to the kernel too; the next wake plans anew.
+    if (!dispatcher) {
+      snapshot = QueueSnapshot{};
+      planned = false;
+      ::malloc_trim(0);
+    }
     const bool quick = quick_rechecks > 0;
     if (quick) {
       sleep = std::min(sleep, kQuickRechecks[std::size(kQuickRechecks) - quick_rechecks]);
