@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -69,6 +70,8 @@ struct JournalContents {
 
 enum class UsageGrouping { kUser, kGpu, kLabel, kDay, kJob };
 const char* usage_grouping_name(UsageGrouping grouping) noexcept;  // "user", "gpu", ...
+// The grouping usage_grouping_name() calls `name`; nullopt for any other text.
+std::optional<UsageGrouping> usage_grouping_named(std::string_view name) noexcept;
 
 struct UsageGroup {
   // The user, GPU UUID, label ("" for none), day (YYYY-MM-DD, UTC) or job id ("" for leases of

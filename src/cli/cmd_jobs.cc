@@ -473,7 +473,6 @@ void add_wait(CLI::App& app, int* exit_status) {
   });
 }
 
-// A lease id as `gpulock status` shows it (16 hex digits) rather than a job id.
 void add_cancel(CLI::App& app, int* exit_status) {
   auto* command = app.add_subcommand("cancel",
                                      "Cancel jobs: waiting ones leave the queue, running ones "

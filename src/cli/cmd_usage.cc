@@ -95,11 +95,7 @@ void add_usage_command(CLI::App& app, int* exit_status) {
   command->callback([options, exit_status] {
     double since = 0, until = 0;
     window(options->since, options->until, since, until);
-    const UsageGrouping by = options->by == "gpu"     ? UsageGrouping::kGpu
-                             : options->by == "label" ? UsageGrouping::kLabel
-                             : options->by == "day"   ? UsageGrouping::kDay
-                             : options->by == "job"   ? UsageGrouping::kJob
-                                                      : UsageGrouping::kUser;
+    const UsageGrouping by = usage_grouping_named(options->by).value_or(UsageGrouping::kUser);
     GpuPool pool = open_pool(options->backend);
     const UsageReport report = pool.usage(since, until, by);
     print_warnings(report.warnings);

@@ -114,6 +114,14 @@ const char* usage_grouping_name(UsageGrouping grouping) noexcept {
   return "user";
 }
 
+std::optional<UsageGrouping> usage_grouping_named(std::string_view name) noexcept {
+  for (const UsageGrouping grouping :
+       {UsageGrouping::kUser, UsageGrouping::kGpu, UsageGrouping::kLabel, UsageGrouping::kDay,
+        UsageGrouping::kJob})
+    if (name == usage_grouping_name(grouping)) return grouping;
+  return std::nullopt;
+}
+
 std::vector<UsageLease> pair_journal_records(const std::vector<JournalRecord>& records) {
   const auto written_by = [](const JournalRecord& r, unsigned uid) {
     return !r.writer_uid || *r.writer_uid == uid || *r.writer_uid == 0;

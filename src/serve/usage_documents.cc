@@ -29,22 +29,13 @@ std::string utc_day(double seconds) {
   return text;
 }
 
-std::optional<UsageGrouping> grouping_named(const std::string& by) {
-  if (by == "user") return UsageGrouping::kUser;
-  if (by == "gpu") return UsageGrouping::kGpu;
-  if (by == "label") return UsageGrouping::kLabel;
-  if (by == "day") return UsageGrouping::kDay;
-  if (by == "job") return UsageGrouping::kJob;
-  return std::nullopt;
-}
-
 }  // namespace
 
 UsageDocuments::UsageDocuments(std::function<GpuPool()> open_pool, std::chrono::seconds max_age)
     : open_pool_(std::move(open_pool)), max_age_(max_age) {}
 
 std::string UsageDocuments::document(const std::string& since_text, const std::string& by) {
-  if (by != "user,day" && !grouping_named(by))
+  if (by != "user,day" && !usage_grouping_named(by))
     throw Error(ErrorCode::kInvalidArgument, "'by' must be user, gpu, label, job, day or user,day");
   const double now = unix_now();
   const double since = parse_time_bound(since_text, now);  // throws kInvalidArgument
@@ -63,7 +54,7 @@ std::string UsageDocuments::document(const std::string& since_text, const std::s
 
 std::string UsageDocuments::build(double since, double until, const std::string& by) {
   if (!pool_) pool_.emplace(open_pool_());
-  if (const auto grouping = grouping_named(by))
+  if (const auto grouping = usage_grouping_named(by))
     return usage_to_json(pool_->usage(since, until, *grouping));
 
   // user,day: each UTC day of the window, summed per user, from one reading of the journal.

@@ -199,6 +199,15 @@ TEST(UsageSummary, ByJobReadsTheJobIdOfTheLabel) {
   EXPECT_STREQ(usage_grouping_name(UsageGrouping::kJob), "job");
 }
 
+TEST(UsageSummary, GroupingsAreNamedBothWays) {
+  for (const UsageGrouping grouping :
+       {UsageGrouping::kUser, UsageGrouping::kGpu, UsageGrouping::kLabel, UsageGrouping::kDay,
+        UsageGrouping::kJob})
+    EXPECT_EQ(usage_grouping_named(usage_grouping_name(grouping)), grouping);
+  EXPECT_FALSE(usage_grouping_named("host").has_value());
+  EXPECT_FALSE(usage_grouping_named("").has_value());
+}
+
 TEST(UsageSummary, DaysSplitAtUtcMidnight) {
   const double midnight = 86400.0 * 20000;  // a UTC midnight
   const auto leases =
