@@ -112,6 +112,14 @@ void Lease::add_member(pid_t pid) {
   }
 }
 
+void Lease::set_outcome(const CommandOutcome& outcome) {
+  if (state_) state_->outcome = outcome;
+}
+
+std::optional<CommandOutcome> Lease::outcome() const {
+  return state_ ? state_->outcome : std::nullopt;
+}
+
 void Lease::release() {
   // Destroying the keeper ends this process's hold: a local lease's descriptors close (the
   // kernel releases each lock when its last descriptor, in any process, is closed); a Redis

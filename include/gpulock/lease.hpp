@@ -12,12 +12,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <sys/types.h>
+
+#include "gpulock/usage.hpp"
 
 namespace gpulock {
 
@@ -89,6 +92,11 @@ class Lease {
   // of that session (a detached lease held for it); both in the same single update.
   void set_holder(pid_t holder_pid, const std::string& kind, pid_t member = 0, pid_t session = 0);
   void add_member(pid_t pid);
+  // Records how the command run under the lease ended, for the usage journal's end record
+  // (written when the lease is released). run_command() records it; a caller that stopped the
+  // command for a reason of its own (a time limit, a cancel) records that afterwards.
+  void set_outcome(const CommandOutcome& outcome);
+  std::optional<CommandOutcome> outcome() const;
 
   // Releases the GPUs now (for this process: children holding the descriptors keep them).
   void release();

@@ -25,6 +25,25 @@ enum class LeaseEnd {
 };
 const char* lease_end_name(LeaseEnd end) noexcept;  // "released", "holder_died", "lost"
 
+// Why the command run under a lease ended (`gpulock run`, a job of `gpulock submit`).
+enum class CommandEnd {
+  kExited,      // it exited by itself (any status)
+  kSignal,      // a signal killed it (one sent from outside, or forwarded by gpulock run)
+  kTimeout,     // stopped at its --time limit
+  kCancelled,   // stopped by `gpulock cancel`
+  kOverMemory,  // stopped by --on-over-memory=term
+  kLeaseLost,   // stopped by --on-lease-loss=kill
+};
+const char* command_end_name(CommandEnd end) noexcept;  // "exited", "signal", "timeout", ...
+std::optional<CommandEnd> command_end_named(std::string_view name) noexcept;
+
+// How the command under a lease ended, as the journal's end record keeps it.
+struct CommandOutcome {
+  CommandEnd how = CommandEnd::kExited;
+  int exit_status = 0;  // what gpulock run exits with: the command's status, 128+N for signal N
+  int signal = 0;       // the signal that killed the command; 0 if it exited
+};
+
 struct JournalGpu {
   std::string uuid;
   int index = -1;  // the NVML index when the lease started
@@ -47,6 +66,9 @@ struct JournalRecord {
   // End records.
   LeaseEnd end = LeaseEnd::kReleased;
   bool inferred = false;  // written by a reader that found the lease gone, not by its holder
+  // How the command run under the lease ended; unset for a lease that ran none (acquire, the
+  // library) and for an end nobody wrote.
+  std::optional<CommandOutcome> outcome;
   // Who wrote the record, where the journal knows (the owner of the local file it was read
   // from); unset for Redis. Not part of the record's text.
   std::optional<unsigned> writer_uid;
@@ -58,6 +80,7 @@ struct UsageLease {
   std::optional<double> ended_at;  // unset while the lease still runs
   std::optional<LeaseEnd> end;
   bool end_inferred = false;
+  std::optional<CommandOutcome> outcome;  // the end record's
 };
 
 // What the journal holds between two times, with notes about damaged records.

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,8 @@ struct LeaseState {
   std::unique_ptr<LeaseKeeper> keeper;
   // The usage journal's end record, owed by one process (journal/lease_journal.h).
   LeaseJournalDebt journal;
+  // How the command run under the lease ended, for that end record (Lease::set_outcome()).
+  std::optional<CommandOutcome> outcome;
 
   // Writes the journal's end record if this process owes it. A keeper that does not belong to
   // this process (a forked copy) is left alone, not destroyed.

@@ -210,25 +210,41 @@ void add_run_command(CLI::App& app, int* exit_status) {
       }
       // Checked every second with a limit or a job (a cancel), else every 2 s for memory.
       const auto started = std::chrono::steady_clock::now();
-      bool timed_out = false;
-      std::function<bool()> check = over_memory;
-      if (limit || job)
+      std::optional<CommandEnd> stopped_for;  // why `check` stopped the command
+      std::function<bool()> check;
+      if (limit || job || over_memory)
         check = [&, over_memory] {
-          if (limit && std::chrono::steady_clock::now() - started >= *limit) {
-            if (!timed_out)
-              print_error(
-                  fmt::format("the command ran past its --time {}; stopping it", *time_limit));
-            timed_out = true;
+          if (job && job_cancel_requested(*job_dir)) {
+            stopped_for = CommandEnd::kCancelled;
             return true;
           }
-          if (job && job_cancel_requested(*job_dir)) return true;
-          return over_memory && over_memory();
+          if (limit && std::chrono::steady_clock::now() - started >= *limit) {
+            if (!stopped_for)
+              print_error(
+                  fmt::format("the command ran past its --time {}; stopping it", *time_limit));
+            stopped_for = CommandEnd::kTimeout;
+            return true;
+          }
+          if (over_memory && over_memory()) {
+            stopped_for = CommandEnd::kOverMemory;
+            return true;
+          }
+          return false;
         };
       if (job) start_job_log_relay(load_config().job_log_size);
-      *exit_status = run_command(
-          *lease, *argv, options->visible_format(),
-          *on_loss == "kill" ? LeaseLossAction::kKill : LeaseLossAction::kWarn, check,
-          check && (limit || job) ? std::chrono::seconds(1) : std::chrono::seconds(2), job);
+      *exit_status =
+          run_command(*lease, *argv, options->visible_format(),
+                      *on_loss == "kill" ? LeaseLossAction::kKill : LeaseLossAction::kWarn, check,
+                      limit || job ? std::chrono::seconds(1) : std::chrono::seconds(2), job);
+      // A cancel may also come as the SIGTERM that `gpulock cancel` sends, passed on.
+      if (!stopped_for && *exit_status != 0 && job && job_cancel_requested(*job_dir))
+        stopped_for = CommandEnd::kCancelled;
+      if (stopped_for)
+        if (std::optional<CommandOutcome> outcome = lease->outcome()) {
+          outcome->how = *stopped_for;
+          lease->set_outcome(*outcome);
+        }
+      const bool timed_out = stopped_for == CommandEnd::kTimeout;
       if (job) record_end(*job_dir, progress, *exit_status, timed_out);
     } catch (const Error& e) {
       if (!job) throw;

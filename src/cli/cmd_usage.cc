@@ -1,5 +1,7 @@
 // `gpulock usage` and `gpulock log`: GPU-hours per group, and the usage journal's raw records
 // (the library does the work: GpuPool::usage(), GpuPool::journal()).
+#include <string.h>
+
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -56,12 +58,33 @@ void print_usage_table(const UsageReport& report) {
   row(report.total);
 }
 
+// " (SIGKILL)" for 9; "" for a number without a name.
+std::string signal_suffix(int number) {
+  const char* name = ::sigabbrev_np(number);
+  return name ? fmt::format(" (SIG{})", name) : std::string();
+}
+
+// "exited 0", "signal 9 (SIGKILL)", "timeout, signal 15 (SIGTERM)".
+std::string outcome_text(const CommandOutcome& outcome) {
+  const std::string status =
+      outcome.signal ? fmt::format("signal {}{}", outcome.signal, signal_suffix(outcome.signal))
+                     : fmt::format("exit {}", outcome.exit_status);
+  switch (outcome.how) {
+    case CommandEnd::kExited:
+      return fmt::format("exited {}", outcome.exit_status);
+    case CommandEnd::kSignal:
+      return status;
+    default:
+      return fmt::format("{}, {}", command_end_name(outcome.how), status);
+  }
+}
+
 void print_log_table(const JournalContents& contents, double since, double until) {
   for (const auto& r : contents.records) {
     if (r.time < since || r.time >= until) continue;
     if (r.kind == JournalRecord::Kind::kEnd) {
-      fmt::print("{}  end    {}  {}{}\n", utc_text(r.time), r.lease_id, lease_end_name(r.end),
-                 r.inferred ? " (inferred)" : "");
+      fmt::print("{}  end    {}  {}{}{}\n", utc_text(r.time), r.lease_id, lease_end_name(r.end),
+                 r.inferred ? " (inferred)" : "", r.outcome ? "  " + outcome_text(*r.outcome) : "");
       continue;
     }
     std::string gpus;

@@ -72,8 +72,13 @@ std::string record_text(const JournalRecord& r) {
   append_string(out, r.lease_id);
   out += fmt::format(R"(,"time":{})", r.time);
   if (r.kind == JournalRecord::Kind::kEnd) {
-    out += fmt::format(R"(,"how":"{}","inferred":{}}})", lease_end_name(r.end),
+    out += fmt::format(R"(,"how":"{}","inferred":{})", lease_end_name(r.end),
                        r.inferred ? "true" : "false");
+    if (r.outcome)
+      out +=
+          fmt::format(R"(,"command_end":"{}","exit_status":{},"signal":{})",
+                      command_end_name(r.outcome->how), r.outcome->exit_status, r.outcome->signal);
+    out += '}';
     return out;
   }
   out += R"(,"user":)";
@@ -175,6 +180,21 @@ std::optional<JournalRecord> parse_journal_record_json(std::string_view text, st
     if (inferred != j.end()) {
       if (!inferred->is_boolean()) return fail("bad inferred flag");
       r.inferred = inferred->get<bool>();
+    }
+    const auto command_end = j.find("command_end");
+    if (command_end != j.end()) {
+      // Records of a later gpulock may name ends this one does not know: the lease's own end
+      // still counts, only the command's is dropped.
+      const auto exit_status = j.find("exit_status");
+      const auto signal = j.find("signal");
+      if (!command_end->is_string() || exit_status == j.end() ||
+          !exit_status->is_number_integer() || signal == j.end() || !signal->is_number_integer())
+        return fail("bad command end");
+      const long long status = exit_status->get<long long>();
+      const long long number = signal->get<long long>();
+      if (status < 0 || status > 255 || number < 0 || number > 64) return fail("bad command end");
+      if (const auto how = command_end_named(command_end->get<std::string>()))
+        r.outcome = CommandOutcome{*how, static_cast<int>(status), static_cast<int>(number)};
     }
     return r;
   }

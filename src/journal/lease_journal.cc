@@ -45,6 +45,7 @@ void journal_lease_end(LeaseState& lease) noexcept {
     r.lease_id = lease.id;
     r.time = unix_seconds(std::chrono::system_clock::now());
     r.end = lease.keeper && lease.keeper->lost() ? LeaseEnd::kLost : LeaseEnd::kReleased;
+    r.outcome = lease.outcome;
     lease.journal.journal->append(r);
   } catch (...) {
   }

@@ -98,6 +98,32 @@ const char* lease_end_name(LeaseEnd end) noexcept {
   return "released";
 }
 
+const char* command_end_name(CommandEnd end) noexcept {
+  switch (end) {
+    case CommandEnd::kExited:
+      return "exited";
+    case CommandEnd::kSignal:
+      return "signal";
+    case CommandEnd::kTimeout:
+      return "timeout";
+    case CommandEnd::kCancelled:
+      return "cancelled";
+    case CommandEnd::kOverMemory:
+      return "over_memory";
+    case CommandEnd::kLeaseLost:
+      return "lease_lost";
+  }
+  return "exited";
+}
+
+std::optional<CommandEnd> command_end_named(std::string_view name) noexcept {
+  for (const CommandEnd end :
+       {CommandEnd::kExited, CommandEnd::kSignal, CommandEnd::kTimeout, CommandEnd::kCancelled,
+        CommandEnd::kOverMemory, CommandEnd::kLeaseLost})
+    if (name == command_end_name(end)) return end;
+  return std::nullopt;
+}
+
 const char* usage_grouping_name(UsageGrouping grouping) noexcept {
   switch (grouping) {
     case UsageGrouping::kUser:
@@ -132,7 +158,7 @@ std::vector<UsageLease> pair_journal_records(const std::vector<JournalRecord>& r
     if (r.kind != JournalRecord::Kind::kStart || by_id.contains(r.lease_id)) continue;
     if (!written_by(r, r.uid)) continue;  // a start claimed for someone else
     by_id.emplace(r.lease_id, leases.size());
-    leases.push_back(UsageLease{r, std::nullopt, std::nullopt, false});
+    leases.push_back(UsageLease{r, std::nullopt, std::nullopt, false, std::nullopt});
   }
   for (const auto& r : records) {
     if (r.kind != JournalRecord::Kind::kEnd) continue;
@@ -145,6 +171,7 @@ std::vector<UsageLease> pair_journal_records(const std::vector<JournalRecord>& r
     lease.ended_at = std::max(r.time, lease.start.time);
     lease.end = r.end;
     lease.end_inferred = r.inferred;
+    lease.outcome = r.outcome;
   }
   return leases;
 }

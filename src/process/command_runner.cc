@@ -281,7 +281,9 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
     // As a shell says it: 127 when the program is not found, 126 when it cannot be run.
     std::fprintf(stderr, "gpulock: cannot run '%s': %s\n", argv[0].c_str(),
                  std::strerror(spawn_error));
-    return spawn_error == ENOENT ? 127 : 126;
+    const int status = spawn_error == ENOENT ? 127 : 126;
+    lease.set_outcome(CommandOutcome{CommandEnd::kExited, status, 0});
+    return status;
   }
   lease.set_holder(::getpid(), "run", child);
 
@@ -343,8 +345,20 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
       int status = 0;
       const pid_t done = ::waitpid(child, &status, WNOHANG);
       if (done == child) {
-        if (WIFEXITED(status)) return WEXITSTATUS(status);
-        if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+        CommandOutcome outcome;
+        if (WIFEXITED(status)) {
+          outcome.exit_status = WEXITSTATUS(status);
+        } else if (WIFSIGNALED(status)) {
+          outcome.how = CommandEnd::kSignal;
+          outcome.signal = WTERMSIG(status);
+          outcome.exit_status = 128 + outcome.signal;
+        } else {
+          continue;  // stopped or continued: not the end
+        }
+        // Whatever way it ended, a command stopped for a lost lease ended for that.
+        if (loss_seen && on_loss == LeaseLossAction::kKill) outcome.how = CommandEnd::kLeaseLost;
+        lease.set_outcome(outcome);
+        return outcome.exit_status;
       }
       continue;
     }

@@ -463,3 +463,52 @@ def test_status_queue_and_usage_name_the_job(gl):
     assert sorted(groups) == sorted(["", str(named), str(plain)]), groups
     assert all(g["leases"] == 1 for g in groups.values())
     assert groups[str(named)]["gpu_hours"] > 0
+
+
+def test_the_journal_records_how_each_command_ended(gl):
+    """The end record of each lease that ran a command says how the command ended: its exit
+    status or signal, and whether gpulock stopped it (a time limit, a cancel)."""
+    env = gl.env(fake="2")
+    ran = {}
+    for name, args in [("ok", ["true"]), ("three", ["sh", "-c", "exit 3"]),
+                       ("killed", ["sh", "-c", "kill -KILL $$"]),
+                       ("missing", ["/no/such/program"]),
+                       ("limit", ["--time", "1s", "--", "sleep", "1000"])]:
+        argv = args if args[0] == "--time" else ["--"] + args
+        result = gl.run("run", "--label", name, *argv, env=env)
+        ran[name] = result.returncode
+    assert ran == {"ok": 0, "three": 3, "killed": 137, "missing": 127, "limit": 143}
+    cancelled = submit(gl, "--name", "cancelled", "--", "sleep", "1000", env=env)
+    wait_state(gl, cancelled, "running", env)
+    assert gl.run("cancel", str(cancelled), env=env).returncode == 0
+    timed = submit(gl, "--name", "timed", "--time", "1s", "--", "sleep", "1000", env=env)
+    done = submit(gl, "--name", "done", "--", "true", env=env)
+    for job in (cancelled, timed, done):
+        gl.run("wait", str(job), env=env)
+    held = gl.run("acquire", "--for-pid", str(os.getpid()), "-n", "1", env=env)
+    assert held.returncode == 0, held.stderr
+    lease = [line.split("=", 1)[1] for line in held.stdout.replace("export ", "").split()
+             if line.startswith("GPULOCK_LEASE_ID=")][0].strip("'\";")
+    assert gl.run("release", lease, env=env).returncode == 0
+
+    result = gl.run("log", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    records = json.loads(result.stdout)["records"]
+    labels = {r["lease_id"]: r["label"] for r in records if r["event"] == "start"}
+    ends = {labels[r["lease_id"]]: r for r in records if r["event"] == "end"}
+    got = {label: (e.get("command_end"), e.get("exit_status"), e.get("signal"))
+           for label, e in ends.items()}
+    assert got == {
+        "ok": ("exited", 0, 0),
+        "three": ("exited", 3, 0),
+        "killed": ("signal", 137, 9),
+        "missing": ("exited", 127, 0),
+        "limit": ("timeout", 143, 15),
+        "job %d cancelled" % cancelled: ("cancelled", 143, 15),
+        "job %d timed" % timed: ("timeout", 143, 15),
+        "job %d done" % done: ("exited", 0, 0),
+        "": (None, None, None),  # acquire ran no command
+    }, got
+    assert all(e["how"] == "released" for e in ends.values())
+    text = gl.run("log", env=env).stdout
+    assert "released  signal 9 (SIGKILL)" in text and "timeout, signal 15 (SIGTERM)" in text

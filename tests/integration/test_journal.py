@@ -341,6 +341,8 @@ def test_redis_released_and_lost_leases_are_recorded(rw):
     assert leases[released]["start"][0]["label"] == "r"
     assert leases[released]["start"][0]["host"] == "node-a"
     assert [e["how"] for e in leases[released]["end"]] == ["released"]
+    assert leases[released]["end"][0]["command_end"] == "exited"
+    assert leases[released]["end"][0]["exit_status"] == 0
     assert [e["how"] for e in leases[holder.lease_id]["end"]] == ["lost"]
     assert [e["how"] for e in leases[intruder.lease_id]["end"]] == ["released"]
     usage = json.loads(rw.run("usage", "--json").stdout)

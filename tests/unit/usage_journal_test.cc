@@ -66,6 +66,42 @@ TEST(JournalLine, RoundTripsStartAndEnd) {
   EXPECT_TRUE(back_end->inferred);
 }
 
+TEST(JournalLine, CommandOutcomeRoundTripsAndUnknownEndsAreDropped) {
+  JournalRecord e = end("cccc", 3000, LeaseEnd::kReleased, false);
+  e.outcome = CommandOutcome{CommandEnd::kTimeout, 143, 15};
+  const std::string line = journal_line(e);
+  std::string why;
+  const auto back = parse_journal_line(std::string_view(line).substr(0, line.size() - 1), &why);
+  ASSERT_TRUE(back) << why;
+  ASSERT_TRUE(back->outcome);
+  EXPECT_EQ(back->outcome->how, CommandEnd::kTimeout);
+  EXPECT_EQ(back->outcome->exit_status, 143);
+  EXPECT_EQ(back->outcome->signal, 15);
+  // Without one, none comes back.
+  const std::string plain = journal_record_json(end("cccc", 3000, LeaseEnd::kReleased, false));
+  EXPECT_EQ(plain.find("command_end"), std::string::npos);
+  ASSERT_TRUE(parse_journal_record_json(plain, &why));
+  EXPECT_FALSE(parse_journal_record_json(plain, &why)->outcome);
+  // Every name reads back as itself.
+  for (const CommandEnd how :
+       {CommandEnd::kExited, CommandEnd::kSignal, CommandEnd::kTimeout, CommandEnd::kCancelled,
+        CommandEnd::kOverMemory, CommandEnd::kLeaseLost})
+    EXPECT_EQ(command_end_named(command_end_name(how)), how);
+  // A later gpulock's end this one does not know: the record stands, the command's end goes.
+  const std::string base = R"({"v":1,"event":"end","lease_id":"cccc","time":5,"how":"released",)";
+  const auto future = parse_journal_record_json(
+      base + R"("command_end":"oom","exit_status":137,"signal":9})", &why);
+  ASSERT_TRUE(future) << why;
+  EXPECT_FALSE(future->outcome);
+  // Values out of range or of the wrong type are damage.
+  for (const char* bad : {R"("command_end":"exited","exit_status":256,"signal":0})",
+                          R"("command_end":"exited","exit_status":-1,"signal":0})",
+                          R"("command_end":"signal","exit_status":137,"signal":65})",
+                          R"("command_end":"exited","exit_status":"0","signal":0})",
+                          R"("command_end":"exited","signal":0})", R"("command_end":3})"})
+    EXPECT_FALSE(parse_journal_record_json(base + bad, &why)) << bad;
+}
+
 TEST(JournalLine, DetectsEveryKindOfDamage) {
   std::string line = journal_line(start("bbbb", 5, "bob", {"GPU-1"}));
   line.pop_back();
