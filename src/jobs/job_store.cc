@@ -18,10 +18,12 @@
 #include "gpulock/config.hpp"
 #include "gpulock/error.hpp"
 #include "gpulock/jobs.hpp"
+#include "jobs/job_state_file.h"
 #include "local/gpu_lock_file.h"
 #include "local/lock_directory.h"
 #include "process/process_identity.h"
 #include "util/fd.h"
+#include "util/strings.h"
 
 namespace gpulock {
 namespace {
@@ -29,7 +31,10 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kSpecFile = "job.json";
-constexpr const char* kStateFile = "state.json";
+// The state record of a job made by gpulock before the state file (jobs/job_state_file.h).
+constexpr const char* kLegacyStateFile = "state.json";
+// Longer reasons are cut, so that a record always fits its state file's slot.
+constexpr std::size_t kMaxReasonBytes = 2048;
 constexpr const char* kLockFile = "lock";
 constexpr const char* kCancelFile = "cancel";
 // A record larger than this is not one gpulock wrote: refused, never read whole.
@@ -116,6 +121,25 @@ json spec_to_json(const JobSpec& spec) {
               {"resubmitted_from", spec.resubmitted_from}};
 }
 
+// A job's record is JSON, which holds text, not bytes: a command, name or directory that is not
+// UTF-8 could not be run again as it was submitted, so it is refused before anything is made.
+void check_spec_text(const JobSpec& spec) {
+  const auto refuse = [](const std::string& what) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{} is not valid UTF-8: a job's command, name and working directory "
+                            "must be (use `gpulock run` for other bytes)",
+                            what));
+  };
+  for (std::size_t i = 0; i < spec.command.size(); ++i)
+    if (!is_valid_utf8(spec.command[i]))
+      refuse(i == 0 ? std::string("the program's name") : fmt::format("argument {}", i));
+  if (!is_valid_utf8(spec.name)) refuse("the name");
+  for (const auto& option : spec.lease_options)
+    if (!is_valid_utf8(option))
+      refuse(fmt::format("the option '{}'", sanitize_for_display(option)));
+  if (!is_valid_utf8(spec.working_directory)) refuse("the working directory");
+}
+
 JobSpec spec_from_json(const json& j) {
   JobSpec spec;
   spec.name = j.at("name").get<std::string>();
@@ -143,7 +167,9 @@ json progress_to_json(const JobProgress& p) {
          {"ended", p.ended_unix},
          {"lease_id", p.lease_id},
          {"gpus", p.gpus},
-         {"reason", p.reason}};
+         {"reason", p.reason.size() <= kMaxReasonBytes
+                        ? p.reason
+                        : sanitize_for_display(p.reason, kMaxReasonBytes)}};
   j["exit_status"] = p.exit_status ? json(*p.exit_status) : json(nullptr);
   return j;
 }
@@ -151,7 +177,7 @@ json progress_to_json(const JobProgress& p) {
 JobProgress progress_from_json(const json& j) {
   JobProgress p;
   const auto state = job_state_from_name(j.at("state").get<std::string>());
-  if (!state) throw Error(ErrorCode::kEnvironment, "state.json names no known state");
+  if (!state) throw Error(ErrorCode::kEnvironment, "the job's state names no known state");
   p.state = *state;
   p.supervisor_pid = j.at("supervisor_pid").get<pid_t>();
   p.started_unix = j.at("started").get<std::int64_t>();
@@ -161,6 +187,19 @@ JobProgress progress_from_json(const json& j) {
   if (!j.at("exit_status").is_null()) p.exit_status = j.at("exit_status").get<int>();
   p.reason = j.at("reason").get<std::string>();
   return p;
+}
+
+std::string progress_text(const JobProgress& p) {
+  return progress_to_json(p).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// The job's state record; from the file of an earlier gpulock where the job has no other.
+std::string read_state(int dir_fd) {
+  struct stat st {};
+  if (::fstatat(dir_fd, kJobStateFile, &st, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT &&
+      ::fstatat(dir_fd, kLegacyStateFile, &st, AT_SYMLINK_NOFOLLOW) == 0)
+    return read_record(dir_fd, kLegacyStateFile);
+  return read_job_state(dir_fd);
 }
 
 UniqueFd open_directory(int at, const char* name) {
@@ -225,7 +264,7 @@ JobInfo read_job(int root_fd, const std::filesystem::path& root, std::uint64_t i
     // The lock first, then the state: a supervisor records the job's end before its lock goes,
     // so a state read after the lock was seen free is the last one it wrote.
     const bool alive = supervisor_alive(dir.get());
-    info.progress = progress_from_json(json::parse(read_record(dir.get(), kStateFile)));
+    info.progress = progress_from_json(json::parse(read_state(dir.get())));
     if (!alive && !job_state_is_final(info.progress.state)) {
       info.progress.state = JobState::kLost;
       info.progress.reason = "its supervisor ended without recording an end (killed, OOM, reboot)";
@@ -349,6 +388,7 @@ JobStore JobStore::open(const std::filesystem::path& root) {
 }
 
 JobStore::Created JobStore::create(const JobSpec& spec, bool logs_readable_by_all) const {
+  check_spec_text(spec);
   UniqueFd root_fd = open_root(root_);
   const std::vector<std::uint64_t> ids = job_ids(root_fd.get());
   // After the highest job in the store, and after the highest any user has had (their marks
@@ -390,11 +430,17 @@ JobStore::Created JobStore::create(const JobSpec& spec, bool logs_readable_by_al
     if (!spec.after.empty() || !spec.after_any.empty() || spec.begin_unix != 0 ||
         spec.array_limit != 0)
       initial.state = JobState::kHeld;
-    replace_file(dir.get(), kStateFile, progress_to_json(initial).dump() + "\n", 0644);
-    replace_file(dir.get(), kSpecFile, spec_to_json(spec).dump() + "\n", 0644);
+    create_job_state(dir.get(), progress_text(initial));
+    replace_file(dir.get(), kSpecFile,
+                 spec_to_json(spec).dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
+                 0644);
     created.lock_fd = lock.release();
-  } catch (...) {
+  } catch (const Error& e) {
     // Half made: gone again, so that no half record stays behind (a full disk, say).
+    std::error_code ignored;
+    std::filesystem::remove_all(created.directory, ignored);
+    throw Error(e.code(), fmt::format("cannot make a job in {}: {}", root_.string(), e.what()));
+  } catch (...) {
     std::error_code ignored;
     std::filesystem::remove_all(created.directory, ignored);
     throw;
@@ -513,7 +559,7 @@ std::size_t JobStore::clean() const {
 void write_job_progress(const std::filesystem::path& directory, const JobProgress& progress) {
   UniqueFd dir = open_directory(AT_FDCWD, directory.c_str());
   if (!dir) fail(ErrorCode::kEnvironment, "cannot open " + directory.string(), errno);
-  replace_file(dir.get(), kStateFile, progress_to_json(progress).dump() + "\n", 0644);
+  write_job_state(dir.get(), progress_text(progress));
 }
 
 void take_array_slot(const JobStore& store, const JobInfo& job,

@@ -10,7 +10,10 @@ once shows as a failed job and as two starts in a row, whatever gpulock says of 
 import json
 import os
 import signal
+import subprocess
 import time
+
+import pytest
 
 from conftest import HANG, sanitized_build, wait_until
 
@@ -512,3 +515,42 @@ def test_the_journal_records_how_each_command_ended(gl):
     assert all(e["how"] == "released" for e in ends.values())
     text = gl.run("log", env=env).stdout
     assert "released  signal 9 (SIGKILL)" in text and "timeout, signal 15 (SIGTERM)" in text
+
+
+FULL_DISK_SCRIPT = r'''
+mount -t tmpfs -o size=64k tmpfs "$MNT" || exit 99
+export GPULOCK_JOBS_DIR="$MNT/store"
+mkdir -m 1777 "$GPULOCK_JOBS_DIR"
+other=$("$G" submit --name other -- sleep 1) || exit 98
+big=$("$G" submit --name big -- sh -c 'head -c 1000000 /dev/zero | tr "\0" x; exit 3') || exit 98
+"$G" wait "$big"; echo "big $?"
+"$G" submit --name refused -- true; echo "refused $?"
+"$G" wait "$other"; echo "other $?"
+echo "entries $(ls -A "$GPULOCK_JOBS_DIR" | grep -cv '^\.last-id')"
+echo "stdout $(wc -c < "$GPULOCK_JOBS_DIR/$big/stdout")"
+"$G" jobs --json
+'''
+
+
+def test_a_full_disk_cuts_a_log_and_loses_no_job(gl, tmp_path):
+    """A job whose output fills the store's file system: its log is cut, but it runs on and its
+    end is recorded (the state file never needs a new block), another job finishes as well,
+    and a submit into the full store is refused with the reason, leaving nothing behind."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    env = gl.env(fake="2", MNT=str(mount), G=str(gl.binary))
+    result = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                             FULL_DISK_SCRIPT], env=env, capture_output=True, text=True,
+                            timeout=HANG)
+    if result.returncode == 99 or "unshare failed" in result.stderr:
+        pytest.skip("cannot mount a tmpfs here: " + result.stderr)
+    assert result.returncode == 0, result.stderr
+    lines, doc = result.stdout.split("{", 1)
+    said = dict(line.split(" ", 1) for line in lines.strip().splitlines())
+    assert said["big"] == "3" and said["other"] == "0" and said["refused"] == "69", result
+    assert "No space left on device" in result.stderr and "cannot make a job" in result.stderr
+    assert said["entries"] == "2"  # the refused job left no directory
+    assert 0 < int(said["stdout"]) < 1000000
+    listed = {j["name"]: j for j in json.loads("{" + doc)["jobs"]}
+    assert listed["big"]["state"] == "failed" and listed["big"]["exit_status"] == 3
+    assert listed["other"]["state"] == "done"

@@ -107,6 +107,51 @@ TEST_F(JobStoreTest, MalformedAndPlantedEntriesAreReportedNotFatal) {
   ::close(good.lock_fd);
 }
 
+TEST_F(JobStoreTest, StateFilesPlantedOrFromAnEarlierVersion) {
+  const JobStore store = JobStore::open(dir_ / "jobs");
+  auto a = store.create(spec("a"), false);
+  auto b = store.create(spec("b"), false);
+  ::close(a.lock_fd);
+  ::close(b.lock_fd);
+  // A job of an earlier gpulock: its state.json is read where it has no state file.
+  std::filesystem::remove(a.directory / "state");
+  std::ofstream(a.directory / "state.json")
+      << R"({"state":"done","supervisor_pid":1,"started":1,"ended":2,"lease_id":"",)"
+      << R"("gpus":["0"],"reason":"exited 0","exit_status":0})";
+  // A state file replaced by a symlink to someone else's record: refused, not followed.
+  std::filesystem::remove(b.directory / "state");
+  std::filesystem::create_symlink(a.directory / "state.json", b.directory / "state");
+  const auto jobs = store.list();
+  ASSERT_EQ(jobs.size(), 2u);
+  EXPECT_TRUE(jobs[0].problem.empty()) << jobs[0].problem;
+  EXPECT_EQ(jobs[0].progress.state, JobState::kDone);
+  EXPECT_EQ(jobs[0].progress.exit_status, 0);
+  EXPECT_NE(jobs[1].problem.find("state"), std::string::npos) << jobs[1].problem;
+}
+
+TEST_F(JobStoreTest, ACommandThatIsNotUtf8IsRefusedAndLeavesNothing) {
+  const JobStore store = JobStore::open(dir_ / "jobs");
+  JobSpec bad = spec("bad");
+  bad.command = {"echo", "caf\xe9"};
+  EXPECT_THROW(store.create(bad, false), Error);
+  bad = spec("bad");
+  bad.working_directory = "/tmp/\xff";
+  EXPECT_THROW(store.create(bad, false), Error);
+  EXPECT_TRUE(store.list().empty());
+  JobSpec long_reason = spec("fine");
+  auto c = store.create(long_reason, false);
+  // A reason longer than a state slot is cut, never refused: the end is always recorded.
+  JobProgress ended;
+  ended.state = JobState::kFailed;
+  ended.reason = std::string(10000, 'r');
+  write_job_progress(c.directory, ended);
+  ::close(c.lock_fd);
+  const auto found = store.find(c.id);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->progress.state, JobState::kFailed);
+  EXPECT_LT(found->progress.reason.size(), 4000u);
+}
+
 TEST_F(JobStoreTest, RefusesASymlinkedRootAndAnUnstickyShared) {
   std::filesystem::create_directory(dir_ / "real");
   std::filesystem::create_directory_symlink(dir_ / "real", dir_ / "link");
