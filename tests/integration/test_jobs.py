@@ -16,6 +16,10 @@ import time
 import pytest
 
 from conftest import HANG, sanitized_build, wait_until
+pytest.register_assert_rewrite("conftest_redis")
+from conftest_redis import RedisWorld  # noqa: E402,F401
+
+pytest_plugins = ["conftest_redis"]
 
 # The issue's 150 tasks; 40 on a sanitizer build, whose every gpulock costs ~0.3 s of CPU to start.
 JOBS = 40 if sanitized_build() else 150
@@ -554,3 +558,44 @@ def test_a_full_disk_cuts_a_log_and_loses_no_job(gl, tmp_path):
     listed = {j["name"]: j for j in json.loads("{" + doc)["jobs"]}
     assert listed["big"]["state"] == "failed" and listed["big"]["exit_status"] == 3
     assert listed["other"]["state"] == "done"
+
+
+def test_redis_jobs_wait_in_the_pools_queue_and_run_on_their_host(rw):
+    """On the Redis backend a job queues in the pool (other hosts' waiters see it), runs on the
+    host it was submitted from with the pool's fencing token, runs --after its parent, and a
+    SIGKILLed supervisor leaves it lost, its GPU free once the lease's TTL has run out."""
+    rw.register("node-a", gpus=1)
+    env = rw.env(host="node-a")
+    holder = rw.hold("-n", "1", host="node-a")
+    report = 'echo "host=$GPULOCK_LEASE_HOST token=$GPULOCK_FENCING_TOKEN gpus=$GPULOCK_GPUS"'
+    first = submit(rw, "--name", "first", "--", "sh", "-c", report, env=env)
+    wait_state(rw, first, "waiting", env)
+    second = submit(rw, "--after", str(first), "--", "sh", "-c", report, env=env)
+    wait_state(rw, second, "held", env)
+    # The pool's queue, as another host sees it, holds the job.
+    queue = rw.run("queue", "--json", host="node-b", env=rw.env(host="node-b", gpus=1))
+    assert queue.returncode == 0, queue.stderr
+    waiting = json.loads(queue.stdout)["waiting"]
+    assert [w["label"] for w in waiting] == ["job %d first" % first], waiting
+    holder.finish()
+    for job in (first, second):
+        result = rw.run("wait", str(job), env=env)
+        assert result.returncode == 0, result.stderr
+    tokens = []
+    for job in (first, second):
+        out = rw.run("logs", str(job), env=env).stdout.split()
+        said = dict(word.split("=", 1) for word in out)
+        assert said["host"] == "node-a" and said["gpus"].startswith("GPU-"), out
+        tokens.append(int(said["token"]))
+    assert 0 < holder.token < tokens[0] < tokens[1], (holder.token, tokens)
+
+    # A killed supervisor: lost at once; the GPU comes back when its lease expires.
+    doomed = submit(rw, "--", "sleep", "5432", env=env)
+    wait_state(rw, doomed, "running", env)
+    supervisor = supervisor_of(jobs(rw, env=env)[doomed]["directory"])
+    assert supervisor is not None
+    os.kill(supervisor, signal.SIGKILL)
+    wait_state(rw, doomed, "lost", env)
+    wait_until(lambda: not processes_with_arg("5432"), HANG, what="the command to end")
+    wait_until(lambda: rw.run_no_wait("-n", "1", env=env).returncode == 0, HANG,
+               what="the GPU to come back after the TTL")
