@@ -1,7 +1,9 @@
 // `gpulock run [selection] [waiting] -- CMD [ARGS…]`: lease GPUs, run a command on them; with
 // the hidden --job, as the supervisor of a job that `gpulock submit` made.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <time.h>
@@ -51,6 +53,22 @@ void record_end(const std::string& job_dir, JobProgress& progress, int status, b
                                    : fmt::format("exited {}", status);
   }
   write_job_progress(job_dir, progress);
+}
+
+// Sleeps until the wall clock reads `when`, until the clock is set (a later time may then have
+// come, or not yet), or until a SIGTERM (the self-pipe): no wake-up before then.
+void sleep_until_unix(std::int64_t when) {
+  const int timer = ::timerfd_create(CLOCK_REALTIME, TFD_CLOEXEC);
+  itimerspec at{};
+  at.it_value.tv_sec = static_cast<time_t>(when);
+  const bool armed =
+      timer >= 0 &&
+      ::timerfd_settime(timer, TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &at, nullptr) == 0;
+  pollfd waits[2] = {{armed ? timer : -1, POLLIN, 0}, {stop_pipe[0], POLLIN, 0}};
+  // Without the timer, or without the pipe (a SIGTERM just before the poll would be missed),
+  // a second at most.
+  ::poll(waits, 2, armed && stop_pipe[0] >= 0 ? -1 : 1000);
+  if (timer >= 0) ::close(timer);
 }
 
 // A job's wait before the queue: for the jobs it runs after, then for its --begin time (state
@@ -107,9 +125,7 @@ bool wait_for_dependencies(const std::string& job_dir, JobProgress& progress, in
   while (spec.begin_unix != 0 && unix_now() < spec.begin_unix) {
     if (stop())
       throw Error(ErrorCode::kInterrupted, "cancelled while waiting for its --begin time");
-    // A second at most: SIGTERM cuts it short, and the clock may be set meanwhile.
-    const timespec a_second{1, 0};
-    ::nanosleep(&a_second, nullptr);
+    sleep_until_unix(spec.begin_unix);
   }
   // An array's limit (%K) last: a slot is taken only by a job ready to queue.
   if (spec.array_limit != 0) take_array_slot(store, *self, stop);

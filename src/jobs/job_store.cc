@@ -1,6 +1,7 @@
 // JobStore: the jobs' directory shared by the machine's users, one directory per job.
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -509,27 +510,44 @@ void JobStore::cancel(std::uint64_t id) const {
     fail(ErrorCode::kEnvironment, fmt::format("cannot cancel job {}", id), errno);
   }
   // A running job's supervisor sees the mark within a second and stops the command itself
-  // (one SIGTERM, then SIGKILL). One that waits is woken by SIGTERM. The pid is believed only
-  // through a pidfd opened while the job's lock is held: a pid named by the state of a
-  // supervisor that died may be someone else's by now.
-  // The state is read again now that the mark is there: a supervisor records its pid before it
-  // looks for the mark, so either it sees the mark or this sees its pid.
-  const auto marked = find(id);
-  if (!marked) return;
-  job = marked;
-  if (!job->problem.empty() || job->progress.state == JobState::kRunning ||
-      job->progress.supervisor_pid <= 0)
-    return;
-  UniqueFd pidfd(open_pidfd(job->progress.supervisor_pid));
-  if (!pidfd || !supervisor_alive(dir.get())) return;
-  const auto owner = process_uid(job->progress.supervisor_pid);
-  if (!owner || *owner != job->owner) return;
+  // (one SIGTERM, then SIGKILL). One that waits is woken by SIGTERM, and cancel returns once it
+  // has ended. The pid is believed only through a pidfd opened while the job's lock is held: a
+  // pid named by the state of a supervisor that died may be someone else's by now. The state is
+  // read again now that the mark is there: a supervisor records its pid before it looks for the
+  // mark, so either it sees the mark or this sees its pid.
+  // A supervisor asleep in the kernel's lock queue (--after, an array's slot) cannot be woken
+  // by a SIGTERM that landed just before it went to sleep: the signal is sent again until the
+  // supervisor has gone (its pidfd becomes readable), for a few seconds, unless its command has
+  // started meanwhile (then it has seen the mark, and the command gets one SIGTERM).
+  UniqueFd pidfd;
+  for (int round = 0; round < 60; ++round) {
+    const auto now = find(id);
+    if (!now || !now->problem.empty() || now->progress.state == JobState::kRunning ||
+        job_state_is_final(now->progress.state))
+      return;  // lost, too, is final
+    if (!pidfd && now->progress.supervisor_pid > 0) {
+      pidfd = UniqueFd(open_pidfd(now->progress.supervisor_pid));
+      const auto owner = process_uid(now->progress.supervisor_pid);
+      if (!pidfd || !supervisor_alive(dir.get()) || !owner || *owner != now->owner) return;
+    }
+    if (!pidfd) {
+      ::poll(nullptr, 0, 50);  // its supervisor has not said who it is yet; it will see the mark
+      continue;
+    }
 #ifdef SYS_pidfd_send_signal
-  if (::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0) != 0 && errno == EPERM)
-    throw Error(
-        ErrorCode::kPermissionDenied,
-        fmt::format("job {} belongs to {}: only they or root can cancel it", id, job->owner_name));
+    if (::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0) != 0) {
+      if (errno == EPERM)
+        throw Error(ErrorCode::kPermissionDenied,
+                    fmt::format("job {} belongs to {}: only they or root can cancel it", id,
+                                now->owner_name));
+      return;  // ESRCH: it has gone
+    }
+#else
+    return;
 #endif
+    pollfd ended{pidfd.get(), POLLIN, 0};
+    if (::poll(&ended, 1, 50) != 0) return;
+  }
 }
 
 std::size_t JobStore::clean() const {

@@ -599,3 +599,42 @@ def test_redis_jobs_wait_in_the_pools_queue_and_run_on_their_host(rw):
     wait_until(lambda: not processes_with_arg("5432"), HANG, what="the command to end")
     wait_until(lambda: rw.run_no_wait("-n", "1", env=env).returncode == 0, HANG,
                what="the GPU to come back after the TTL")
+
+
+def context_switches(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no context switch count for %d" % pid)
+
+
+def test_held_jobs_sleep_until_woken_and_cancel_ends_them_before_it_returns(gl):
+    """A job held by --begin or --after sleeps without waking (its supervisor's voluntary
+    context switches stay put over 3 s), and `cancel` returns only once a held job has ended,
+    each time: a SIGTERM that lands just before the supervisor sleeps in the kernel's lock queue
+    is sent again."""
+    env = gl.env(fake="1")
+    parent = submit(gl, "--", "sleep", "1000", env=env)
+    wait_state(gl, parent, "running", env)
+    begin = submit(gl, "--begin", "1h", "--", "true", env=env)
+    after = submit(gl, "--after", str(parent), "--", "true", env=env)
+    supervisors = {}
+    for job in (begin, after):
+        wait_state(gl, job, "held", env)
+        supervisors[job] = supervisor_of(jobs(gl, env=env)[job]["directory"])
+    time.sleep(0.5)  # settled into their sleep
+    before = {job: context_switches(pid) for job, pid in supervisors.items()}
+    time.sleep(3)
+    after_sleep = {job: context_switches(pid) for job, pid in supervisors.items()}
+    assert after_sleep == before, (before, after_sleep)
+    for job in (begin, after):
+        assert gl.run("cancel", str(job), env=env).returncode == 0
+        assert state_of(gl, job, env) == "cancelled"
+    # Many at once after submit, whichever step of its wait each supervisor has reached.
+    for i in range(10):
+        job = submit(gl, *(["--after", str(parent)] if i % 2 else ["--begin", "1h"]), "--",
+                     "true", env=env)
+        assert gl.run("cancel", str(job), env=env).returncode == 0
+        assert state_of(gl, job, env) == "cancelled", i
+    assert gl.run("cancel", str(parent), env=env).returncode == 0
