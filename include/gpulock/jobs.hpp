@@ -22,6 +22,8 @@
 
 namespace gpulock {
 
+struct Config;
+
 enum class JobState {
   kHeld,              // its supervisor waits for the jobs it depends on, or for its --begin time
   kWaiting,           // its supervisor waits in the queue for GPUs
@@ -95,6 +97,8 @@ std::string jobs_to_json(const std::vector<JobInfo>& jobs);
 // directory; else /var/tmp/gpulock-jobs (kept across reboots, so that a job a reboot ended shows
 // as lost instead of vanishing). Throws Error(kConfig) for an invalid config file.
 std::filesystem::path default_jobs_directory();
+// The same from a config already read.
+std::filesystem::path default_jobs_directory(const Config& config);
 
 class JobStore {
  public:

@@ -2,6 +2,7 @@
 // when run as root), so that no user owns, and can delete, a lock file; as root, seal the usage
 // journal's files append-only; and make the job store (gpulock submit), root-owned as root.
 #include <pwd.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,7 +48,9 @@ void add_init_command(CLI::App& app, int* exit_status) {
     try {
       const JobStore store = open_job_store();
       struct stat st {};
-      ::stat(store.root().c_str(), &st);
+      if (::stat(store.root().c_str(), &st) != 0)
+        throw Error(ErrorCode::kEnvironment,
+                    fmt::format("the job store {}: {}", store.root().string(), ::strerror(errno)));
       if (::geteuid() == 0 && st.st_uid != 0) {
         const passwd* owner = ::getpwuid(st.st_uid);
         fmt::print(stderr,

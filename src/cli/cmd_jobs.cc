@@ -264,12 +264,13 @@ void add_submit(CLI::App& app, int* exit_status) {
                      after_any, begin, array, exit_status] {
     if (options->no_wait)
       throw Error(ErrorCode::kInvalidArgument, "a job waits for its GPUs: --no-wait is for run");
-    const JobStore store = open_job_store();
+    const Config config = load_config();  // read once: the store, and who may read the logs
+    const JobStore store = JobStore::open(default_jobs_directory(config));
     JobSpec spec;
     spec.name = *name;
     spec.lease_options = given_options(*command, {"--name", "--readable-logs", "--private-logs",
                                                   "--after", "--after-any", "--begin", "--array"});
-    const bool logs_readable = *readable || (!*private_logs && load_config().job_logs_readable);
+    const bool logs_readable = *readable || (!*private_logs && config.job_logs_readable);
     spec.after = job_ids_of(store, *after);
     spec.after_any = job_ids_of(store, *after_any);
     if (!begin->empty()) spec.begin_unix = parse_begin(*begin);

@@ -350,7 +350,12 @@ bool job_state_is_final(JobState state) {
 
 std::filesystem::path default_jobs_directory() {
   if (const char* dir = std::getenv("GPULOCK_JOBS_DIR"); dir && *dir) return dir;
-  if (std::string configured = load_config().jobs_dir; !configured.empty()) return configured;
+  return default_jobs_directory(load_config());
+}
+
+std::filesystem::path default_jobs_directory(const Config& config) {
+  if (const char* dir = std::getenv("GPULOCK_JOBS_DIR"); dir && *dir) return dir;
+  if (!config.jobs_dir.empty()) return config.jobs_dir;
   if (const char* dir = std::getenv("GPULOCK_DIR"); dir && *dir)
     return std::filesystem::path(dir) / "jobs";
   return "/var/tmp/gpulock-jobs";
