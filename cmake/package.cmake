@@ -39,7 +39,8 @@ if(GPULOCK_BUILD_PYTHON)
   set(CPACK_DEBIAN_PACKAGE_DEPENDS
       "python3 (>= ${Python_VERSION_MAJOR}.${Python_VERSION_MINOR}~), python3 (<< ${Python_VERSION_MAJOR}.${gpulock_next_python_minor})")
 endif()
-set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd")
+# Without bash-completion the completions the package ships do nothing (gpulock doctor says so).
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd, bash-completion")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "redis-tools, libfmt-dev, libtomlplusplus-dev, libhiredis-dev")
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")

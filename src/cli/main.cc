@@ -64,6 +64,19 @@ int check_output(int status, int error = 0) {
   return status == 0 ? 70 : status;
 }
 
+// `gpulock` alone: what to type next, on stderr (it is still bad usage: exit 64).
+void print_short_help() {
+  fmt::print(stderr,
+             "gpulock: exclusive GPU leases that never go stale\n"
+             "Usage: gpulock COMMAND [OPTIONS]   (`gpulock --help` lists every command)\n"
+             "\n"
+             "  gpulock status                   every GPU: free, leased (by whom), busy\n"
+             "  gpulock run -n 1 -- CMD ARGS     lease a GPU, run the command on it\n"
+             "  gpulock submit -n 1 -- CMD ARGS  queue the command as a job (gpulock jobs)\n"
+             "  eval \"$(gpulock acquire -n 1)\"   lease a GPU for this shell\n"
+             "  gpulock queue                    who waits for GPUs, in serving order\n");
+}
+
 // Parses the command line and runs the command; its exit status.
 int run(CLI::App& app, int argc, char** argv, const int& exit_status) {
   using namespace gpulock;
@@ -140,6 +153,10 @@ int main(int argc, char** argv) {
       "70 internal error; 75 no GPU within --timeout or with --no-wait;\n"
       "78 invalid config file (GPULOCK_CONFIG or /etc/gpulock/config.toml).");
 
+  if (argc <= 1) {
+    print_short_help();
+    return 64;
+  }
   const int status = run(app, argc, argv, exit_status);
   // A command whose output a shell runs (acquire for eval) stops that shell too.
   if (status != 0 && cli::output_on_failure) {

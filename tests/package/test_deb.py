@@ -132,6 +132,7 @@ def test_holds_every_part_in_its_debian_place(deb):
 
 
 def test_control_fields_and_scripts(deb, tmp_path):
+    assert "bash-completion" in control_field(deb, "Recommends").split(", ")
     depends = control_field(deb, "Depends")
     assert "libhiredis" in depends and "libc6" in depends  # from dpkg-shlibdeps
     if HAS_PYTHON:

@@ -1,0 +1,46 @@
+"""Issue 41: what a new user and an administrator tripped over in a walkthrough. One test per
+defect, named after it (defect N of the issue), each run as a user would meet it."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import HANG, wait_until
+
+
+def test_7_bare_gpulock_prints_the_short_help(gl):
+    result = gl.run()
+    assert result.returncode == 64
+    assert result.stdout == ""
+    assert "Usage: gpulock COMMAND" in result.stderr
+    assert "gpulock run -n 1 -- CMD" in result.stderr and "gpulock --help" in result.stderr
+    assert "A subcommand is required" not in result.stderr
+
+
+def doctor_in_namespace(gl, setup):
+    """`gpulock doctor` for a bash user, in a private mount namespace where `setup` (shell) has
+    arranged /usr/share/bash-completion."""
+    script = ('mkdir -p /usr/share/bash-completion 2>/dev/null; '
+              'mount -t tmpfs tmpfs /usr/share/bash-completion || exit 99; %s; exec "$@"' % setup)
+    result = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script,
+                             "sh", gl.binary, "doctor"], env=gl.env(SHELL="/bin/bash"),
+                            capture_output=True, text=True, timeout=HANG)
+    if result.returncode == 99 or "unshare failed" in result.stderr:
+        pytest.skip("cannot mount a tmpfs here: " + result.stderr)
+    lines = [line for line in result.stdout.splitlines() if "shell completion" in line]
+    assert len(lines) == 1, result.stdout
+    return lines[0]
+
+
+def test_8_doctor_says_when_bash_completion_is_missing(gl):
+    missing = doctor_in_namespace(gl, "true")
+    assert missing.startswith("warning") and "apt install bash-completion" in missing
+    present = doctor_in_namespace(gl, "touch /usr/share/bash-completion/bash_completion")
+    assert present.startswith("ok")
+    # Not a bash user: nothing to say.
+    other = gl.run("doctor", env=gl.env(SHELL="/usr/bin/zsh"))
+    assert "shell completion" not in other.stdout
