@@ -35,7 +35,7 @@ std::string state_column(const Device& d, const PoolStatus* leases) {
 
 void print_table(const std::vector<Device>& devices, DeviceSource& source,
                  const PoolStatus* leases) {
-  fmt::print("{}{}\n", source.description(), source.simulated() ? " (simulated, no real GPU)" : "");
+  fmt::print("{}{}\n", source.description(), source.simulated() ? " (no real GPU)" : "");
   fmt::print("{:<5} {:<42} {:<24} {:>18} {:>5} {:>13} {:<17} {:>9} {:<8} {}\n", "GPU", "UUID",
              "NAME", "MEMORY FREE/TOTAL", "UTIL", "POWER", "MODE", "PROCESSES", "STATE",
              "SHARED LEASES");

@@ -115,7 +115,7 @@ void print_table(const PoolStatus& status) {
   const std::size_t columns = terminal_columns();
   auto print_line = [columns](const std::string& line) { fmt::print("{}\n", fit(line, columns)); };
   print_line(fmt::format("{} · {}{} · {}", status.host, status.device_source,
-                         status.simulated ? " (simulated, no real GPU)" : "",
+                         status.simulated ? " (no real GPU)" : "",
                          status.backend == "redis"
                              ? fmt::format("pool '{}' at {}", status.pool, status.backend_location)
                              : "lock dir " + status.lock_dir));

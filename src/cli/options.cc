@@ -161,12 +161,10 @@ Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::s
   if (options.verbose || terminal) {
     std::string which;
     for (const auto& gpu : lease.gpus()) which += (which.empty() ? "" : ", ") + gpu.display_index;
-    print_error(fmt::format("leased GPU{} {}{} as lease {}{}", lease.gpus().size() == 1 ? "" : "s",
-                            which, lease.host().empty() ? "" : " of host " + lease.host(),
-                            lease.id(),
-                            pool.device_source().simulated()
-                                ? " (simulated GPUs: " + pool.device_source().description() + ")"
-                                : ""));
+    print_error(fmt::format(
+        "leased GPU{} {}{} as lease {}{}", lease.gpus().size() == 1 ? "" : "s", which,
+        lease.host().empty() ? "" : " of host " + lease.host(), lease.id(),
+        pool.device_source().simulated() ? " (" + pool.device_source().description() + ")" : ""));
   }
   return lease;
 }

@@ -67,9 +67,12 @@ std::vector<DoctorCheck> LocalBackend::doctor() {
     checks.push_back({Level::kWarning, "lock directory", advice});
   try {
     const auto devices = source_->devices();
+    // A simulated source's description counts its GPUs already ("4 simulated GPUs").
     checks.push_back({Level::kOk, "devices",
-                      fmt::format("{}: {} GPU{}", source_->description(), devices.size(),
-                                  devices.size() == 1 ? "" : "s")});
+                      source_->simulated()
+                          ? source_->description() + " (no real GPU)"
+                          : fmt::format("{}: {} GPU{}", source_->description(), devices.size(),
+                                        devices.size() == 1 ? "" : "s")});
   } catch (const Error& error) {
     checks.push_back({Level::kFailed, "devices", error.what()});
   }

@@ -44,3 +44,14 @@ def test_8_doctor_says_when_bash_completion_is_missing(gl):
     # Not a bash user: nothing to say.
     other = gl.run("doctor", env=gl.env(SHELL="/usr/bin/zsh"))
     assert "shell completion" not in other.stdout
+
+
+def test_10_simulated_gpus_are_said_once(gl):
+    lease = gl.run("run", "--verbose", "-n", "2", "--", "true")
+    assert lease.returncode == 0, lease.stderr
+    line = [x for x in lease.stderr.splitlines() if "leased GPUs" in x][0]
+    assert line.count("simulated") == 1 and line.endswith("(4 simulated GPUs)"), line
+    for args in (["status"], ["gpus"], ["doctor"]):
+        out = gl.run(*args).stdout.replace(str(gl.tmp), "TMP")
+        first = [x for x in out.splitlines() if "simulated" in x][0]
+        assert first.count("simulated") == 1, (args, first)
