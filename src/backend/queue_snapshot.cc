@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "backend/shared_memory_units.h"
+#include "gpulock/parse.hpp"
 #include "util/unix_time.h"
 
 namespace gpulock {
@@ -152,12 +154,20 @@ std::vector<BlockingGpu> QueueSnapshot::blocking(std::size_t ticket) const {
         b.reason = "no longer present";
         break;
       case Obstacle::Kind::kFull:
-        b.reason = g >= 0 && gpus[g].shared_jobs > 0
-                       ? fmt::format(
-                             "not enough free memory, or as many jobs as allowed ({} "
-                             "shared lease{})",
-                             gpus[g].shared_jobs, gpus[g].shared_jobs == 1 ? "" : "s")
-                       : "not enough free memory";
+        b.reason = g < 0 || gpus[g].total_units == 0
+                       ? "not enough free memory"
+                       : fmt::format("not enough free memory: {} free for shared leases, {} wanted",
+                                     format_size(gpus[g].free_units * kSharedMemoryUnitBytes),
+                                     format_size(o.wanted_units * kSharedMemoryUnitBytes));
+        if (g >= 0 && gpus[g].shared_jobs > 0)
+          b.reason += fmt::format(" ({} shared lease{} on it)", gpus[g].shared_jobs,
+                                  gpus[g].shared_jobs == 1 ? "" : "s");
+        break;
+      case Obstacle::Kind::kJobCap:
+        b.reason = fmt::format(
+            "as many shared leases as allowed ({}: the request's --slots or the "
+            "config's cap)",
+            g >= 0 ? gpus[g].shared_jobs : 0);
         break;
     }
     out.push_back(std::move(b));

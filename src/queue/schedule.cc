@@ -305,10 +305,13 @@ Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRe
           obstacle.by = w->second.shared_given_to;
         } else if (unhealthy.count(uuid)) {
           obstacle.kind = Obstacle::Kind::kUnhealthy;
-        } else if (r.shared() &&
-                   (w->second.total_units == 0 || (r.job_cap && w->second.jobs >= *r.job_cap) ||
-                    w->second.units_left < r.units_on(w->second.total_units))) {
+        } else if (r.shared() && w->second.total_units != 0 && r.job_cap &&
+                   w->second.jobs >= *r.job_cap) {
+          obstacle.kind = Obstacle::Kind::kJobCap;
+        } else if (r.shared() && (w->second.total_units == 0 ||
+                                  w->second.units_left < r.units_on(w->second.total_units))) {
           obstacle.kind = Obstacle::Kind::kFull;
+          obstacle.wanted_units = r.units_on(w->second.total_units);
         } else {
           usable.push_back(uuid);
           continue;

@@ -116,11 +116,13 @@ struct Obstacle {
     kGiven,      // free, but given to an earlier request in this plan (`by`)
     kUnhealthy,  // free, but fails this request's health filters
     kMissing,    // not among the machine's GPUs now
-    kFull,       // in shared use with too little free memory, or its job cap reached (shared)
+    kFull,       // in shared use with too little free memory (shared)
+    kJobCap,     // in shared use with as many shared leases as the request's job cap (shared)
   };
   std::string uuid;
   Kind kind = Kind::kHeld;
-  std::optional<std::size_t> by;  // index into the requests
+  std::optional<std::size_t> by;   // index into the requests
+  std::uint32_t wanted_units = 0;  // kFull: the memory units the request wants on the GPU
 };
 
 struct Placement {

@@ -55,3 +55,22 @@ def test_10_simulated_gpus_are_said_once(gl):
         out = gl.run(*args).stdout.replace(str(gl.tmp), "TMP")
         first = [x for x in out.splitlines() if "simulated" in x][0]
         assert first.count("simulated") == 1, (args, first)
+
+
+def test_6_a_full_shared_gpu_says_whether_memory_or_the_job_cap_stops_it(gl):
+    env = gl.env(fake="1")
+    gl.hold("--mem", "60G", env=env)
+    memory = gl.run("run", "--mem", "30G", "--no-wait", "--", "true", env=env)
+    assert memory.returncode == 75
+    assert "not enough free memory: 20.0 GiB free for shared leases, 30.0 GiB wanted" in \
+        memory.stderr, memory.stderr
+    assert "as many jobs" not in memory.stderr and ", or " not in memory.stderr
+
+    capped = gl.env(fake="1", lock_dir=gl.tmp / "capped")
+    gl.hold("--slots", "4", env=capped)
+    gl.hold("--slots", "4", env=capped)
+    # --slots 2: room for half the GPU, and two shared leases on it already.
+    cap = gl.run("run", "--slots", "2", "--no-wait", "--", "true", env=capped)
+    assert cap.returncode == 75
+    assert "as many shared leases as allowed (2" in cap.stderr, cap.stderr
+    assert "not enough free memory" not in cap.stderr

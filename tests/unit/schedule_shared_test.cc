@@ -100,6 +100,7 @@ TEST(PlanShared, UnitsGivenEarlierInThePlanCount) {
   EXPECT_EQ(plan.of(2).standing, QueueStanding::kWaiting);
   ASSERT_EQ(plan.of(2).obstacles.size(), 1u);
   EXPECT_EQ(plan.of(2).obstacles[0].kind, Obstacle::Kind::kFull);
+  EXPECT_EQ(plan.of(2).obstacles[0].wanted_units, 40u);
 }
 
 TEST(PlanShared, JobCapCountsLeasesAndThoseGivenInThePlan) {
@@ -109,6 +110,9 @@ TEST(PlanShared, JobCapCountsLeasesAndThoseGivenInThePlan) {
   const Plan plan = RunPlan({Shared(0, 2, 200)}, {a, b});
   EXPECT_EQ(plan.of(0).standing, QueueStanding::kNext);
   EXPECT_EQ(plan.of(1).standing, QueueStanding::kWaiting);
+  // Memory is left: the cap, not memory, keeps it waiting, and the obstacle says which.
+  ASSERT_EQ(plan.of(1).obstacles.size(), 1u);
+  EXPECT_EQ(plan.of(1).obstacles[0].kind, Obstacle::Kind::kJobCap);
 }
 
 TEST(PlanShared, SlotsTakeTheirPartOfEachGpu) {

@@ -47,6 +47,9 @@ inline void PrintTo(Obstacle::Kind kind, std::ostream* os) {
     case Obstacle::Kind::kFull:
       *os << "full";
       return;
+    case Obstacle::Kind::kJobCap:
+      *os << "job cap";
+      return;
   }
   *os << "kind " << static_cast<int>(kind);
 }
@@ -1219,6 +1222,7 @@ void CheckScenario(const Scenario& s) {
           EXPECT_EQ(*o.by, claim->second.by);
           break;
         case Kind::kFull:
+        case Kind::kJobCap:
           ADD_FAILURE() << "only shared requests meet full GPUs";
           break;
       }
