@@ -1,7 +1,12 @@
 // Selection and waiting options shared by `run` and `acquire`.
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -122,6 +127,69 @@ VisibleFormat RequestOptions::visible_format() const {
   return visible == "uuid" ? VisibleFormat::kUuid : VisibleFormat::kIndex;
 }
 
+namespace {
+
+// Ctrl-C while a command waits for GPUs (outside a job): the wait ends, and gpulock says that
+// nothing is held instead of leaving a bare ^C.
+int interrupt_pipe[2] = {-1, -1};
+volatile sig_atomic_t interrupt_seen = 0;
+void on_interrupt(int) {
+  interrupt_seen = 1;
+  if (interrupt_pipe[1] >= 0) {
+    const int saved = errno;
+    [[maybe_unused]] const ssize_t n = ::write(interrupt_pipe[1], "x", 1);
+    errno = saved;
+  }
+}
+
+// Catches SIGINT for as long as it lives, unless SIGINT is ignored (a script's background job
+// inherits it so, and must stay deaf to Ctrl-C); puts the old disposition back after.
+class InterruptWhileWaiting {
+ public:
+  InterruptWhileWaiting() {
+    struct sigaction old {};
+    if (::sigaction(SIGINT, nullptr, &old) != 0 || old.sa_handler == SIG_IGN) return;
+    if (::pipe2(interrupt_pipe, O_NONBLOCK | O_CLOEXEC) != 0) return;
+    struct sigaction catching {};
+    catching.sa_handler = on_interrupt;  // no SA_RESTART: a blocking call returns EINTR
+    sigemptyset(&catching.sa_mask);
+    active_ = ::sigaction(SIGINT, &catching, &previous_) == 0;
+  }
+  ~InterruptWhileWaiting() {
+    if (active_) ::sigaction(SIGINT, &previous_, nullptr);
+    for (int& fd : interrupt_pipe)
+      if (fd >= 0) ::close(std::exchange(fd, -1));
+  }
+  InterruptWhileWaiting(const InterruptWhileWaiting&) = delete;
+  InterruptWhileWaiting& operator=(const InterruptWhileWaiting&) = delete;
+  bool active() const { return active_; }
+
+ private:
+  struct sigaction previous_ {};
+  bool active_ = false;
+};
+
+// After Ctrl-C: the message, then death by SIGINT, so that the shell sees it (a loop of gpulock
+// commands stops; $? is 130).
+// A command whose output a shell runs (acquire for eval) first prints what stops that shell.
+[[noreturn]] void gave_up_waiting() {
+  print_error("gave up waiting (Ctrl-C): nothing is held");
+  std::fflush(stderr);
+  if (output_on_failure) {
+    fmt::print("{}", output_on_failure(128 + SIGINT));
+    std::fflush(stdout);
+  }
+  ::signal(SIGINT, SIG_DFL);
+  sigset_t only;
+  sigemptyset(&only);
+  sigaddset(&only, SIGINT);
+  ::sigprocmask(SIG_UNBLOCK, &only, nullptr);
+  ::raise(SIGINT);
+  ::_exit(128 + SIGINT);
+}
+
+}  // namespace
+
 Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::string& command,
                       const std::function<void(const WaitProgress&)>& also_on_progress,
                       const std::function<bool()>& interrupted, int interrupt_fd) {
@@ -139,7 +207,13 @@ Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::s
       what = fmt::format("1/{} of {}", *request.slots, what);
     }
     WaitHooks hooks = make_wait_display(what);
-    if (interrupted) {
+    std::optional<InterruptWhileWaiting> ctrl_c;
+    if (!interrupted && ctrl_c.emplace().active()) {
+      interrupt_seen = 0;
+      hooks.interrupted = [] { return interrupt_seen != 0; };
+      hooks.interrupt_fd = interrupt_pipe[0];
+      hooks.interrupt_poll = std::chrono::minutes(5);
+    } else if (interrupted) {
       hooks.interrupted = interrupted;
       // A signal ends the wait's sleep at once; the poll bounds the delay for one that lands
       // just before a sleep starts. With a self-pipe (interrupt_fd) there is no such race, and
@@ -155,9 +229,14 @@ Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::s
     lease = pool.acquire(request, hooks);
   } catch (...) {
     if (terminal) fmt::print(stderr, "\r\033[K");  // clear the live waiting line
+    if (interrupt_seen) gave_up_waiting();
     throw;
   }
   if (terminal) fmt::print(stderr, "\r\033[K");
+  if (interrupt_seen) {  // Ctrl-C as the lease came: it is not wanted any more
+    lease.release();
+    gave_up_waiting();
+  }
   if (options.verbose || terminal) {
     std::string which;
     for (const auto& gpu : lease.gpus()) which += (which.empty() ? "" : ", ") + gpu.display_index;

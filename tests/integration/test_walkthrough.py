@@ -74,3 +74,25 @@ def test_6_a_full_shared_gpu_says_whether_memory_or_the_job_cap_stops_it(gl):
     assert cap.returncode == 75
     assert "as many shared leases as allowed (2" in cap.stderr, cap.stderr
     assert "not enough free memory" not in cap.stderr
+
+
+@pytest.mark.parametrize("command", [["run", "--", "true"], ["acquire", "-n", "1"]])
+def test_12_ctrl_c_while_waiting_says_nothing_is_held(gl, command):
+    env = gl.env(fake="1")
+    gl.hold("-n", "1", env=env)
+    waiter = subprocess.Popen(gl.cmd(*command), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: json.loads(gl.run("queue", "--json", env=env).stdout)["waiting"], HANG,
+               what="the request to queue")
+    waiter.send_signal(signal.SIGINT)
+    out, err = waiter.communicate(timeout=HANG)
+    # Killed by SIGINT, as a shell expects of a command it interrupted ($? is 130).
+    assert waiter.returncode == -signal.SIGINT, (waiter.returncode, err)
+    assert "gave up waiting (Ctrl-C): nothing is held" in err
+    assert json.loads(gl.run("queue", "--json", env=env).stdout)["waiting"] == []
+    if command[0] == "acquire":
+        # What eval runs stops the script: a lease that never came is never used.
+        assert "GPULOCK_LEASE_ID" not in out
+        script = subprocess.run(["sh", "-c", 'eval "$1"; echo went on', "sh", out],
+                                capture_output=True, text=True, timeout=HANG)
+        assert script.returncode != 0 and "went on" not in script.stdout, (out, script)
