@@ -127,7 +127,15 @@ bool FileJournal::open_own_file(std::string& why) {
     while (path.size() > 1 && path.back() == '/') path.pop_back();
     dir_fd_ = open_directory(path);
     if (!dir_fd_ && errno == ENOENT) {
-      if (::mkdir(path.c_str(), 0700) == 0) {
+      // Its parents too (/var/lib/gpulock on a machine where only the package's tmpfiles.d
+      // entry would have made it), where this process may: root's first lease is recorded.
+      int made = ::mkdir(path.c_str(), 0700);
+      if (made != 0 && errno == ENOENT) {
+        std::error_code ignored;
+        std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ignored);
+        made = ::mkdir(path.c_str(), 0700);
+      }
+      if (made == 0) {
         dir_fd_ = open_directory(path);
         if (dir_fd_) ::fchmod(dir_fd_.get(), 01777);  // others may then add their own files
       } else if (errno == EEXIST) {

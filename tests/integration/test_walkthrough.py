@@ -96,3 +96,14 @@ def test_12_ctrl_c_while_waiting_says_nothing_is_held(gl, command):
         script = subprocess.run(["sh", "-c", 'eval "$1"; echo went on', "sh", out],
                                 capture_output=True, text=True, timeout=HANG)
         assert script.returncode != 0 and "went on" not in script.stdout, (out, script)
+
+
+def test_13_the_first_lease_makes_the_journal_and_its_missing_parents(gl):
+    journal = gl.tmp / "var" / "lib" / "gpulock" / "journal"
+    env = gl.env(GPULOCK_JOURNAL_DIR=journal)
+    ran = gl.run("run", "--label", "first", "--", "true", env=env)
+    assert ran.returncode == 0 and "warning" not in ran.stderr, ran.stderr
+    assert journal.is_dir() and oct(journal.stat().st_mode & 0o7777) == "0o1777"
+    records = json.loads(gl.run("log", "--json", env=env).stdout)["records"]
+    assert [r["event"] for r in records] == ["start", "end"]
+    assert records[0]["label"] == "first"
