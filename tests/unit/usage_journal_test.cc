@@ -330,12 +330,21 @@ TEST(FileJournal, AppendsReadsSkipsDamageAndRotates) {
 }
 
 TEST(FileJournal, MissingUnmakeableDirectoryIsSilentlyOff) {
-  test_support::TempDir dir("journal");
-  FileJournal journal(dir.path() / "no" / "such" / "dir", 1 << 20);
+  // Under /proc nobody, root included, can make a directory: as /var/lib is for a user.
+  FileJournal journal("/proc/gpulock-no-such-dir/journal", 1 << 20);
   testing::internal::CaptureStderr();
   journal.append(start("a", 1, "u", {"G"}));
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
   EXPECT_FALSE(journal.read().available);
+}
+
+TEST(FileJournal, MissingParentsAreMadeWhereTheyCanBe) {
+  test_support::TempDir dir("journal");
+  FileJournal journal(dir.path() / "var" / "lib" / "gpulock" / "journal", 1 << 20);
+  journal.append(start("a", 1, "u", {"G"}));
+  const JournalContents contents = journal.read();
+  EXPECT_TRUE(contents.available);
+  EXPECT_EQ(contents.records.size(), 1u);
 }
 
 }  // namespace
