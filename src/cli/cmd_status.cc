@@ -168,16 +168,22 @@ void print_table(const PoolStatus& status) {
         first.holder   ? lease_lines(*first.holder, status.taken_at)
         : first.shared ? shared_lines(first, status.taken_at)
                        : std::vector<std::string>{unleased_text(first)};
-    for (std::size_t k = 0; k < group.size(); ++k) {
-      const GpuStatus& g = status.gpus[group[k]];
-      shown[group[k]] = true;
+    // The first GPU's row and the lines under it (no GPU number: they belong to the row above)
+    // describe the holder; each other GPU of the lease says whose it is and where that is.
+    const auto gpu_row = [&](const GpuStatus& g, const std::string& holder) {
       const Device& d = g.device;
       row(name_of(g), g.reserved_for ? "reserved" : gpu_state_name(g.state), memory_text(d),
-          d.utilization_percent ? fmt::format("{}%", *d.utilization_percent) : "?",
-          k < holder_column.size() ? holder_column[k] : "");
+          d.utilization_percent ? fmt::format("{}%", *d.utilization_percent) : "?", holder);
+    };
+    gpu_row(first, holder_column.empty() ? "" : holder_column[0]);
+    shown[i] = true;
+    for (std::size_t k = 1; k < holder_column.size(); ++k)
+      if (!holder_column[k].empty()) row("", "", "", "", holder_column[k]);
+    for (std::size_t k = 1; k < group.size(); ++k) {
+      shown[group[k]] = true;
+      gpu_row(status.gpus[group[k]], fmt::format("{} {} (with GPU {})", first.holder->user,
+                                                 first.holder->lease_id, name_of(first)));
     }
-    for (std::size_t k = group.size(); k < holder_column.size(); ++k)
-      row("", "", "", "", holder_column[k]);
     for (std::size_t k : group)
       if ((status.gpus[k].holder || status.gpus[k].shared) && !status.gpus[k].note.empty())
         print_line(fmt::format("{:<{}} note: GPU {}: {}", "", name_width, name_of(status.gpus[k]),

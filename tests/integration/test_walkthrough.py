@@ -107,3 +107,18 @@ def test_13_the_first_lease_makes_the_journal_and_its_missing_parents(gl):
     records = json.loads(gl.run("log", "--json", env=env).stdout)["records"]
     assert [r["event"] for r in records] == ["start", "end"]
     assert records[0]["label"] == "first"
+
+
+def test_1_status_of_a_multi_gpu_lease_names_its_holder_on_every_gpu_row(gl):
+    _, lease = gl.hold("-n", "2", label="pair")
+    rows = {}
+    for line in gl.run("status").stdout.splitlines():
+        fields = line.split()
+        if fields and fields[0] in ("0", "1"):
+            rows[fields[0]] = line
+            last = fields[0]
+        elif line.startswith(" ") and fields and rows:
+            rows[last] += "\n" + line  # a line without a GPU belongs to the row above
+    assert lease in rows["0"] and "[pair]" in rows["0"] and "sleep" in rows["0"], rows
+    assert lease in rows["1"] and "with GPU 0" in rows["1"], rows
+    assert "sleep" not in rows["1"], rows
