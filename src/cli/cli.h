@@ -106,6 +106,13 @@ inline std::function<std::string(int status)> output_on_failure;
 // "gpulock: " + message on stderr.
 void print_error(const std::string& message);
 
+// Tables on a terminal (terminal_width.cc): the display width of UTF-8 text (one column per
+// character); the terminal's width, 0 when stdout is not one (nothing is cut then); a line cut
+// to `columns` with an ellipsis (whole where `columns` is 0).
+std::size_t width_of(const std::string& text);
+std::size_t terminal_columns();
+std::string fit(const std::string& line, std::size_t columns);
+
 // Seconds since the Unix epoch, now (the jobs' records keep times so).
 inline std::int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(

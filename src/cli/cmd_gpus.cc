@@ -33,9 +33,72 @@ std::string state_column(const Device& d, const PoolStatus* leases) {
   return "?";
 }
 
-void print_table(const std::vector<Device>& devices, DeviceSource& source,
-                 const PoolStatus* leases) {
+// The shared column of the narrow table: "2 jobs 40.0G left".
+std::string short_shared_column(const Device& d, const PoolStatus* leases) {
+  if (!leases) return "?";
+  for (const GpuStatus& g : leases->gpus) {
+    if (g.device.uuid != d.uuid || !g.shared) continue;
+    const std::uint64_t total = d.memory_total_bytes.value_or(0);
+    const std::uint64_t kept = g.shared->reserved_bytes + g.shared->reserve_bytes;
+    return fmt::format("{} job{} {:.1f}G left", g.shared->jobs, g.shared->jobs == 1 ? "" : "s",
+                       static_cast<double>(total > kept ? total - kept : 0) / (1u << 30));
+  }
+  return "-";
+}
+
+std::string short_mode(const Device& d) {
+  std::string mode;
+  switch (d.compute_mode) {
+    case ComputeMode::kDefault:
+      mode = "-";
+      break;
+    case ComputeMode::kExclusiveProcess:
+      mode = "excl";
+      break;
+    case ComputeMode::kExclusiveThread:
+      mode = "excl-t";
+      break;
+    case ComputeMode::kProhibited:
+      mode = "prohib";
+      break;
+    case ComputeMode::kUnknown:
+      mode = "?";
+      break;
+  }
+  return d.mig_enabled.value_or(false) ? mode + ",MIG" : mode;
+}
+
+// On a terminal (unless --wide): the columns that fit 80, without the UUID (`--wide`, `--json`
+// and `status --json` have it), each line cut to the terminal's width.
+void print_narrow_table(const std::vector<Device>& devices, const PoolStatus* leases,
+                        std::size_t columns) {
+  const auto line = [columns](const std::string& text) { fmt::print("{}\n", fit(text, columns)); };
+  line(fmt::format("{:<3} {:<14} {:>9} {:>4} {:>8} {:>4} {:<6} {:<8} {}", "GPU", "NAME", "MEM FREE",
+                   "UTIL", "POWER", "PROC", "MODE", "STATE", "SHARED"));
+  const double gib = 1024.0 * 1024 * 1024;
+  for (const auto& d : devices) {
+    // "NVIDIA H100 80GB HBM3" says what it is in its last 14 characters.
+    std::string name = d.name.starts_with("NVIDIA ") ? d.name.substr(7) : d.name;
+    if (width_of(name) > 14) name = fit(name, 14);
+    const std::string memory =
+        d.memory_total_bytes ? fmt::format("{:.1f}/{:.0f}G", d.memory_free_bytes.value_or(0) / gib,
+                                           *d.memory_total_bytes / gib)
+                             : "?";
+    const std::string power = fmt::format("{}/{}", or_unknown(d.power_draw_watts, "{:.0f}"),
+                                          or_unknown(d.power_limit_watts, "{:.0f}W"));
+    line(fmt::format("{:<3} {:<14} {:>9} {:>4} {:>8} {:>4} {:<6} {:<8} {}", d.display_index(), name,
+                     memory, or_unknown(d.utilization_percent, "{}%"), power, d.processes.size(),
+                     short_mode(d), state_column(d, leases), short_shared_column(d, leases)));
+  }
+}
+
+void print_table(const std::vector<Device>& devices, DeviceSource& source, const PoolStatus* leases,
+                 bool wide) {
   fmt::print("{}{}\n", source.description(), source.simulated() ? " (no real GPU)" : "");
+  if (const std::size_t columns = terminal_columns(); columns != 0 && !wide) {
+    print_narrow_table(devices, leases, columns);
+    return;
+  }
   fmt::print("{:<5} {:<42} {:<24} {:>18} {:>5} {:>13} {:<17} {:>9} {:<8} {}\n", "GPU", "UUID",
              "NAME", "MEMORY FREE/TOTAL", "UTIL", "POWER", "MODE", "PROCESSES", "STATE",
              "SHARED LEASES");
@@ -62,9 +125,12 @@ void add_gpus_command(CLI::App& app, int* exit_status) {
   auto* command = app.add_subcommand("gpus", "List the GPUs with memory, utilisation and power");
   auto json = std::make_shared<bool>(false);
   auto backend = std::make_shared<std::string>();
+  auto wide = std::make_shared<bool>(false);
   command->add_flag("--json", *json, "Machine-readable output (docs/json.md)");
+  command->add_flag("--wide", *wide,
+                    "Every column (UUID, compute mode…) on a terminal too; piped output has them");
   add_backend_option(*command, *backend);
-  command->callback([json, backend, exit_status] {
+  command->callback([json, backend, wide, exit_status] {
     auto source = open_device_source();
     const auto devices = source->devices();
     // The lease states come from the pool; the inventory does not depend on it (an unusable
@@ -80,7 +146,7 @@ void add_gpus_command(CLI::App& app, int* exit_status) {
       fmt::print("{}\n",
                  devices_to_json(devices, source->description(), source->simulated(), pool_view));
     } else {
-      print_table(devices, *source, pool_view);
+      print_table(devices, *source, pool_view, *wide);
     }
     *exit_status = 0;
   });

@@ -1,9 +1,6 @@
 // `gpulock status [--json]`: every GPU with its state, holder, memory and utilisation; a
 // multi-GPU lease's GPUs together, its holder once; cut to the terminal's width on a terminal;
 // then idle leased GPUs and intruders (gpulock/monitor.hpp).
-#include <sys/ioctl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -27,36 +24,6 @@ std::string memory_text(const Device& d) {
   const auto total =
       static_cast<std::uint64_t>(std::nearbyint(static_cast<double>(*d.memory_total_bytes) / gib));
   return fmt::format("{}.{}/{}G", tenths / 10, tenths % 10, total);
-}
-
-// Display width of UTF-8 text (one column per character; the library strips control
-// characters from what users wrote).
-std::size_t width_of(const std::string& text) {
-  return static_cast<std::size_t>(
-      std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
-}
-
-// On a terminal, cuts a line to the terminal's width with an ellipsis; elsewhere (a pipe, a
-// file) keeps it whole, as ps(1) does. `columns` is 0 when not cutting.
-std::string fit(const std::string& line, std::size_t columns) {
-  if (columns == 0 || width_of(line) <= columns) return line;
-  std::string out;
-  std::size_t width = 0;
-  for (char c : line) {
-    const bool starts_character = (c & 0xC0) != 0x80;
-    if (starts_character && ++width > columns - 1) break;
-    out += c;
-  }
-  return out + "…";
-}
-
-std::size_t terminal_columns() {
-  if (::isatty(STDOUT_FILENO) == 0) return 0;
-  winsize size{};
-  if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
-  if (const char* columns = std::getenv("COLUMNS"); columns != nullptr && std::atoi(columns) > 0)
-    return static_cast<std::size_t>(std::atoi(columns));
-  return 80;
 }
 
 // What the holder column says of a GPU that no readable lease holds.

@@ -122,3 +122,42 @@ def test_1_status_of_a_multi_gpu_lease_names_its_holder_on_every_gpu_row(gl):
     assert lease in rows["0"] and "[pair]" in rows["0"] and "sleep" in rows["0"], rows
     assert lease in rows["1"] and "with GPU 0" in rows["1"], rows
     assert "sleep" not in rows["1"], rows
+
+
+def run_on_terminal(gl, *args, columns=80):
+    """gpulock ARGS with stdout on a pseudo-terminal `columns` wide: its lines."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    proc = subprocess.Popen(gl.cmd(*args), env=gl.env(), stdout=slave, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=HANG)
+    os.close(master)
+    assert proc.returncode == 0, proc.stderr.read()
+    return out.decode().replace("\r\n", "\n").splitlines()
+
+
+def test_9_gpus_fits_80_columns_on_a_terminal_and_is_whole_when_piped(gl):
+    gl.hold("--mem", "20G")
+    narrow = run_on_terminal(gl, "gpus")
+    assert len(narrow) == 6 and all(len(line) <= 80 for line in narrow), narrow
+    assert "GPU-" not in "\n".join(narrow)  # the UUIDs need --wide
+    assert "leased" in narrow[2] and "1 job" in narrow[2], narrow
+    wide = run_on_terminal(gl, "gpus", "--wide")
+    piped = gl.run("gpus").stdout.splitlines()
+    for table in (wide, piped):
+        assert any(len(line) > 80 for line in table)
+        assert "GPU-" in table[2] and "reserved" in table[2], table
