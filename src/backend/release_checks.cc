@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "process/process_identity.h"
 #include "util/random_id.h"
 #include "util/strings.h"
 
@@ -22,12 +23,31 @@ Error not_the_owner(const std::string& lease_id, const HolderRecord& record) {
       fmt::format("lease {} belongs to {}; only {} or root can release it", lease_id, user, user));
 }
 
+const ProcessId* living_holder(const HolderRecord& record) {
+  if (is_alive(record.holder)) return &record.holder;
+  for (const ProcessId& member : record.members)
+    if (is_alive(member)) return &member;
+  return nullptr;
+}
+
 Error held_by_a_running_process(const std::string& lease_id, const HolderRecord& record) {
-  return Error(ErrorCode::kInvalidArgument,
-               fmt::format("lease {} is held by a running {} (pid {}): it ends when that "
-                           "process ends; stop it instead",
-                           lease_id, record.kind == HolderKind::kRun ? "command" : "process",
-                           record.holder.pid));
+  const ProcessId* living = living_holder(record);
+  const bool run = record.kind == HolderKind::kRun;
+  std::string text;
+  if (living && living != &record.holder)
+    text = fmt::format(
+        "lease {} is held by its command (pid {}), which outlived its `gpulock run` (pid {}): "
+        "the lease ends when that process ends; stop it (kill {}) or `gpulock cancel {}`",
+        lease_id, living->pid, record.holder.pid, living->pid, lease_id);
+  else
+    text = fmt::format(
+        "lease {} is held by a running {} (pid {}): it ends when that process "
+        "ends; stop it instead{}",
+        lease_id, run ? "command (gpulock run)" : "process",
+        living ? living->pid : record.holder.pid,
+        run ? fmt::format(", or `gpulock cancel {}`", lease_id) : "");
+  // Well asked, but not something release does: not a usage error.
+  return Error(ErrorCode::kUnsatisfiable, text);
 }
 
 }  // namespace gpulock

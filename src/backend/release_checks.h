@@ -14,7 +14,11 @@ namespace gpulock {
 void check_lease_id(const std::string& lease_id);
 // kPermissionDenied: `lease_id` is `record`'s owner's, not the caller's.
 Error not_the_owner(const std::string& lease_id, const HolderRecord& record);
-// kInvalidArgument: `lease_id` is held by a running process or command, not a detached holder.
+// The process of the lease that lives: its recorded holder, else the first living member (the
+// command of a `gpulock run` that was killed); nullptr if none lives.
+const ProcessId* living_holder(const HolderRecord& record);
+// kUnsatisfiable: `lease_id` is held by a running process or command, not a detached holder;
+// the message names the process that lives.
 Error held_by_a_running_process(const std::string& lease_id, const HolderRecord& record);
 
 }  // namespace gpulock

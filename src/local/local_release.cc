@@ -89,14 +89,17 @@ void LocalBackend::release(const std::string& lease_id, bool also_run) {
 
   // Signal only the process that really holds these lock files: same identity (pid + start
   // time), owned by the lease's user, with every one of the files open. A pidfd pins the
-  // process between the checks and the signal.
-  const pid_t pid = found->holder.pid;
+  // process between the checks and the signal. Where `gpulock run` was killed and its command
+  // lives on, holding the files, the command is the one to stop.
+  const ProcessId* living = living_holder(*found);
+  const ProcessId target = living ? *living : found->holder;
+  const pid_t pid = target.pid;
   UniqueFd pidfd(open_pidfd(pid));
   const auto owner = process_uid(pid);
-  bool holds_files = is_alive(found->holder) && owner && *owner == found->uid;
+  bool holds_files = is_alive(target) && owner && *owner == found->uid;
   for (const auto& uuid : uuids)
     holds_files = holds_files && process_has_file_open(pid, dir_.lock_file_path(uuid));
-  if (!holds_files || !is_alive(found->holder))
+  if (!holds_files || !is_alive(target))
     throw Error(ErrorCode::kInternal,
                 fmt::format("lease {} is held, but its recorded holder (pid {}) is not the process "
                             "holding it; the lease ends when the processes holding it exit",

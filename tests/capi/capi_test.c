@@ -699,7 +699,7 @@ static void test_pool_release_errors(gpulock_pool* pool) {
   /* A lease held by a running process (not a detached one) is ended by ending the process. */
   gpulock_lease* lease = NULL;
   CHECK_OK(try_acquire(pool, "0", 1, 0, -1, &lease));
-  CHECK_STATUS(gpulock_pool_release(pool, gpulock_lease_id(lease)), GPULOCK_INVALID_ARGUMENT);
+  CHECK_STATUS(gpulock_pool_release(pool, gpulock_lease_id(lease)), GPULOCK_UNSATISFIABLE);
   CHECK(gpulock_lease_active(lease) == 1);
   gpulock_lease_free(lease);
 }

@@ -161,3 +161,20 @@ def test_9_gpus_fits_80_columns_on_a_terminal_and_is_whole_when_piped(gl):
     for table in (wide, piped):
         assert any(len(line) > 80 for line in table)
         assert "GPU-" in table[2] and "reserved" in table[2], table
+
+
+def test_4_release_after_kill_9_of_run_names_the_living_command(gl):
+    bg, lease = gl.hold("-n", "1")
+    holder = json.loads(gl.run("status", "--json").stdout)["gpus"][0]["holder"]
+    run_pid, command_pid = holder["pid"], holder["member_pids"][0]
+    os.kill(run_pid, signal.SIGKILL)
+    wait_until(lambda: json.loads(gl.run("status", "--json").stdout)["gpus"][0]["holder"]
+               ["pid_alive"] is False, HANG, what="run to be seen dead")
+    result = gl.run("release", lease)
+    assert result.returncode == 69, result.stderr  # not bad usage
+    assert "(pid %d)" % command_pid in result.stderr and "kill %d" % command_pid in result.stderr
+    assert "outlived its `gpulock run` (pid %d)" % run_pid in result.stderr
+    # cancel ends it: the command gets SIGTERM, the GPU comes back.
+    ended = gl.run("cancel", lease)
+    assert ended.returncode == 0, ended.stderr
+    gl.wait_state(0, "free")
