@@ -172,12 +172,12 @@ def test_release_malformed_lease_id_is_invalid_request(gl):
 
 def test_release_refuses_leases_of_running_processes(gl):
     holder, lease_id, _ = gl.hold("--gpus", "0")
-    with pytest.raises(gpulock.InvalidRequest) as raised:
+    with pytest.raises(gpulock.Unsatisfiable) as raised:
         gpulock.release(lease_id)
     assert str(holder.pid) in str(raised.value)
     assert holder.alive() and gl.gpu_status(0)["lease_id"] == lease_id
     with gpulock.lease(gpus=1, set_env=False) as lease:
-        with pytest.raises(gpulock.InvalidRequest) as raised:
+        with pytest.raises(gpulock.Unsatisfiable) as raised:
             gpulock.release(lease.id)
         assert str(os.getpid()) in str(raised.value)
         assert lease.active
