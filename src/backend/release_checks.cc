@@ -18,9 +18,11 @@ void check_lease_id(const std::string& lease_id) {
 
 Error not_the_owner(const std::string& lease_id, const HolderRecord& record) {
   const std::string user = sanitize_for_display(record.user, 64);
-  return Error(
-      ErrorCode::kPermissionDenied,
-      fmt::format("lease {} belongs to {}; only {} or root can release it", lease_id, user, user));
+  return Error(ErrorCode::kPermissionDenied,
+               user == "root"
+                   ? fmt::format("lease {} belongs to root; only root can release it", lease_id)
+                   : fmt::format("lease {} belongs to {}; only {} or root can release it", lease_id,
+                                 user, user));
 }
 
 const ProcessId* living_holder(const HolderRecord& record) {
@@ -43,8 +45,7 @@ Error held_by_a_running_process(const std::string& lease_id, const HolderRecord&
     text = fmt::format(
         "lease {} is held by a running {} (pid {}): it ends when that process "
         "ends; stop it instead{}",
-        lease_id, run ? "command (gpulock run)" : "process",
-        living ? living->pid : record.holder.pid,
+        lease_id, run ? "`gpulock run`" : "process", living ? living->pid : record.holder.pid,
         run ? fmt::format(", or `gpulock cancel {}`", lease_id) : "");
   // Well asked, but not something release does: not a usage error.
   return Error(ErrorCode::kUnsatisfiable, text);

@@ -131,8 +131,9 @@ std::unique_ptr<RedisConnection> RedisConnection::connect(const RedisEndpoint& e
   if (context->err) {
     throw Error(ErrorCode::kEnvironment,
                 fmt::format("cannot connect to Redis at {}: {} (is redis-server running there? "
-                            "GPULOCK_BACKEND names it)",
-                            endpoint.display(), sanitize_for_display(context->errstr, 200)));
+                            "{} names it)",
+                            endpoint.display(), sanitize_for_display(context->errstr, 200),
+                            endpoint.named_by));
   }
   // Replies are built as RedisValues (see reply_functions).
   context->reader->fn = &reply_functions;

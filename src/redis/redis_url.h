@@ -18,6 +18,8 @@ struct RedisEndpoint {
   int db = 0;
   std::string user;      // "" = the default user (AUTH password)
   std::string password;  // "" = no AUTH
+  // Where the URL came from, for hints ("--backend", "GPULOCK_BACKEND", "the config's backend").
+  std::string named_by = "GPULOCK_BACKEND";
   // The URL as people may see it: "redis://alice:***@gpu-hub:6379/0".
   std::string display() const;
 };

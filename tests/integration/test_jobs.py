@@ -267,7 +267,7 @@ def test_cancel_ends_a_lease_of_gpulock_run_by_its_id(gl):
     gl.wait_state(0, "leased", env=env)
     lease = gl.gpu_status(0, env=env)["holder"]["lease_id"]
     refused = gl.run("release", lease, env=env)
-    assert refused.returncode == 69 and "running command" in refused.stderr
+    assert refused.returncode == 69 and "running `gpulock run`" in refused.stderr
     ended = gl.run("cancel", lease, env=env)
     assert ended.returncode == 0, ended.stderr
     assert ended.stdout == "ended lease %s\n" % lease

@@ -178,3 +178,38 @@ def test_4_release_after_kill_9_of_run_names_the_living_command(gl):
     ended = gl.run("cancel", lease)
     assert ended.returncode == 0, ended.stderr
     gl.wait_state(0, "free")
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_5_hints_name_where_the_backend_came_from_and_rediss_says_tls(gl, tmp_path):
+    url = "redis://127.0.0.1:%d/0" % free_port()  # nothing listens there
+    flag = gl.run("status", "--backend", url)
+    assert flag.returncode == 69 and "--backend names it" in flag.stderr, flag.stderr
+    env = gl.run("status", env=gl.env(GPULOCK_BACKEND=url))
+    assert "GPULOCK_BACKEND names it" in env.stderr, env.stderr
+    config = tmp_path / "config.toml"
+    config.write_text('backend = "%s"\n' % url)
+    from_config = gl.run("status", env=gl.env(GPULOCK_CONFIG=config))
+    assert "the config's `backend` names it" in from_config.stderr, from_config.stderr
+    tls = gl.run("status", "--backend", "rediss://127.0.0.1:6380/0")
+    assert tls.returncode == 64 and "TLS is not supported" in tls.stderr, tls.stderr
+    assert "unknown backend" not in tls.stderr
+
+
+def test_5_a_lease_of_root_says_only_root_once(mu):
+    a, _ = mu.users
+    assert mu.run("status", prefix=a.prefix()).returncode == 0  # the user makes the lock dir
+    held = mu.run("acquire", "--for-pid", str(os.getpid()), "-n", "1")
+    assert held.returncode == 0, held.stderr
+    lease = [w for w in held.stdout.split() if w.startswith("GPULOCK_LEASE_ID=")][0]
+    lease = lease.split("=", 1)[1].strip("'\"")
+    refused = mu.run("release", lease, prefix=a.prefix())
+    assert refused.returncode == 69
+    assert "belongs to root; only root can release it" in refused.stderr, refused.stderr
+    assert mu.run("release", lease).returncode == 0

@@ -615,14 +615,14 @@ TEST_P(GpuPoolContractTest, ReleaseOfMalformedIdIsInvalid) {
     ExpectError([&] { pool.release(id); }, ErrorCode::kInvalidArgument, "not a lease id");
 }
 
-TEST_P(GpuPoolContractTest, ReleaseOfAProcessLeaseIsInvalidAndKeepsIt) {
+TEST_P(GpuPoolContractTest, ReleaseOfAProcessLeaseIsRefusedAndKeepsIt) {
   GpuPool pool = Pool(1);
   Lease lease = pool.acquire(Count(1));
-  ExpectError([&] { pool.release(lease.id()); }, ErrorCode::kInvalidArgument, "process");
+  ExpectError([&] { pool.release(lease.id()); }, ErrorCode::kUnsatisfiable, "process");
   EXPECT_TRUE(lease.active());
   EXPECT_EQ(pool.status().gpus[0].state, GpuState::kLeased);
   lease.set_holder(::getpid(), "run");
-  ExpectError([&] { pool.release(lease.id()); }, ErrorCode::kInvalidArgument, "command");
+  ExpectError([&] { pool.release(lease.id()); }, ErrorCode::kUnsatisfiable, "gpulock run");
   EXPECT_EQ(pool.status().gpus[0].state, GpuState::kLeased);
 }
 
