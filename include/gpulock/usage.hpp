@@ -63,6 +63,9 @@ struct JournalRecord {
   std::string label;
   std::string command;
   double waited_seconds = 0;  // time spent in the queue before the lease started
+  // A shared lease: the memory it reserves on each of its GPUs; 0 for whole GPUs. Shared leases
+  // coexist on a GPU, so the start of one does not mean that another has ended.
+  std::uint64_t memory_bytes = 0;
   // End records.
   LeaseEnd end = LeaseEnd::kReleased;
   bool inferred = false;  // written by a reader that found the lease gone, not by its holder

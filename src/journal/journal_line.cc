@@ -95,7 +95,9 @@ std::string record_text(const JournalRecord& r) {
   append_string(out, r.label);
   out += R"(,"command":)";
   append_string(out, r.command);
-  out += fmt::format(R"(,"waited_seconds":{}}})", r.waited_seconds);
+  out += fmt::format(R"(,"waited_seconds":{})", r.waited_seconds);
+  if (r.memory_bytes) out += fmt::format(R"(,"memory_bytes":{})", r.memory_bytes);
+  out += '}';
   return out;
 }
 
@@ -207,6 +209,10 @@ std::optional<JournalRecord> parse_journal_record_json(std::string_view text, st
   if (uid == j.end() || !uid->is_number_unsigned()) return fail("bad uid");
   r.uid = uid->get<unsigned>();
   if (!read_time(j, "waited_seconds", r.waited_seconds)) return fail("bad waited_seconds");
+  if (const auto memory = j.find("memory_bytes"); memory != j.end()) {
+    if (!memory->is_number_unsigned()) return fail("bad memory_bytes");
+    r.memory_bytes = memory->get<std::uint64_t>();
+  }
   const auto gpus = j.find("gpus");
   if (gpus == j.end() || !gpus->is_array() || gpus->empty() || gpus->size() > kMaxGpus)
     return fail("bad gpus");

@@ -29,6 +29,7 @@ void journal_lease_start(LeaseState& lease, std::shared_ptr<UsageJournal> journa
     r.label = lease.record.label;
     r.command = lease.record.command;
     r.waited_seconds = std::max(0.0, waited_seconds);
+    r.memory_bytes = lease.record.memory_bytes.value_or(0);
     journal->append(r);
     lease.journal.journal = std::move(journal);
     lease.journal.owner = current_pid();
@@ -67,11 +68,14 @@ void infer_missing_ends(JournalContents& contents, const LiveLeases& live, Usage
     if (std::any_of(start.gpus.begin(), start.gpus.end(),
                     [&](const JournalGpu& g) { return live.unknown_gpus.contains(g.uuid); }))
       continue;
-    // The lease is gone. It was gone at the latest when one of its GPUs was leased again.
+    // The lease is gone. It was gone at the latest when one of its GPUs was leased again by a
+    // lease that could not share it: any after a whole-GPU lease, a whole-GPU one after a
+    // shared one (shared leases coexist).
     double end = now;
     for (std::size_t j = i + 1; j < records.size(); ++j) {
       const JournalRecord& later = records[j];
       if (later.kind != JournalRecord::Kind::kStart || later.lease_id == start.lease_id) continue;
+      if (start.memory_bytes != 0 && later.memory_bytes != 0) continue;
       const bool shares_gpu =
           std::any_of(later.gpus.begin(), later.gpus.end(), [&](const JournalGpu& g) {
             return std::any_of(start.gpus.begin(), start.gpus.end(),

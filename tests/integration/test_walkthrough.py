@@ -213,3 +213,25 @@ def test_5_a_lease_of_root_says_only_root_once(mu):
     assert refused.returncode == 69
     assert "belongs to root; only root can release it" in refused.stderr, refused.stderr
     assert mu.run("release", lease).returncode == 0
+
+
+def test_2_a_sigkilled_shared_lease_is_not_ended_by_a_shared_lease_beside_it(gl):
+    env = gl.env(fake="1")
+    doomed, doomed_id = gl.hold("--mem", "10G", env=env)
+    time.sleep(1)
+    _, beside_id = gl.hold("--mem", "10G", env=env)
+    time.sleep(1)
+    os.killpg(doomed.popen.pid, signal.SIGKILL)
+    doomed.popen.wait(timeout=HANG)
+    killed_at = time.time()
+    wait_until(lambda: len(json.loads(gl.run("status", "--json", env=env).stdout)["gpus"][0]
+                           ["shared"]["leases"]) == 1, HANG, what="the killed lease to go")
+    records = json.loads(gl.run("log", "--json", env=env).stdout)["records"]
+    starts = {r["lease_id"]: r for r in records if r["event"] == "start"}
+    ends = {r["lease_id"]: r for r in records if r["event"] == "end"}
+    assert starts[doomed_id]["memory_bytes"] == 10 << 30
+    assert beside_id not in ends
+    end = ends[doomed_id]
+    assert end["how"] == "holder_died" and end["inferred"] is True
+    # Not at the other lease's start (which came while it ran), but once it was found gone.
+    assert end["time"] >= killed_at - 0.5, (end["time"], starts[beside_id]["time"], killed_at)

@@ -298,6 +298,33 @@ TEST(InferredEnds, GoneLeasesEndAtTheNextStartOnTheirGpus) {
   EXPECT_EQ(again.records[0].lease_id, "dead");
 }
 
+TEST(InferredEnds, ASharedLeaseIsNotEndedByAnotherSharedLeaseStarting) {
+  test_support::TempDir dir("journal");
+  FileJournal journal(dir.path() / "j", 1 << 20);
+  JournalContents contents;
+  // Two shared leases on G0: the second began while the first ran; a whole-GPU lease at 90
+  // could start only once both had gone.
+  contents.records = {start("shared-dead", 10, "u", {"G0"}), start("shared-alive", 20, "v", {"G0"}),
+                      start("whole", 90, "w", {"G0"})};
+  contents.records[0].memory_bytes = contents.records[1].memory_bytes = 8ull << 30;
+  LiveLeases live;
+  live.host = "node";
+  live.lease_ids = {"shared-alive", "whole"};
+  infer_missing_ends(contents, live, journal, 100);
+  for (const auto& lease : pair_journal_records(contents.records))
+    if (lease.start.lease_id == "shared-dead") {
+      ASSERT_TRUE(lease.ended_at);
+      EXPECT_DOUBLE_EQ(*lease.ended_at, 90);  // not 20
+    }
+  // The reservation round-trips through a line; a whole-GPU start has none.
+  std::string why;
+  const std::string line = journal_line(contents.records[0]);
+  const auto back = parse_journal_line(std::string_view(line).substr(0, line.size() - 1), &why);
+  ASSERT_TRUE(back) << why;
+  EXPECT_EQ(back->memory_bytes, 8ull << 30);
+  EXPECT_EQ(journal_record_json(contents.records[2]).find("memory_bytes"), std::string::npos);
+}
+
 TEST(FileJournal, AppendsReadsSkipsDamageAndRotates) {
   test_support::TempDir dir("journal");
   const auto path = dir.path() / "j";
