@@ -11,6 +11,33 @@
 #include "cli.h"
 
 namespace gpulock::cli {
+namespace {
+
+void prepare_job_store() {
+  // The job store: made here by root, no user owns it (whoever makes it can remove every
+  // job in it). A store that cannot be used is a warning: the leases work without it.
+  try {
+    const JobStore store = open_job_store();
+    struct stat st {};
+    if (::stat(store.root().c_str(), &st) != 0)
+      throw Error(ErrorCode::kEnvironment,
+                  fmt::format("the job store {}: {}", store.root().string(), ::strerror(errno)));
+    if (::geteuid() == 0 && st.st_uid != 0) {
+      const passwd* owner = ::getpwuid(st.st_uid);
+      fmt::print(stderr,
+                 "gpulock: warning: the job store {} belongs to {}, who can remove every "
+                 "user's jobs: chown root {}\n",
+                 store.root().string(),
+                 owner ? std::string(owner->pw_name) : "uid " + std::to_string(st.st_uid),
+                 store.root().string());
+    }
+    fmt::print("job store: {}{}\n", store.root().string(), st.st_uid == 0 ? ", root-owned" : "");
+  } catch (const Error& error) {
+    fmt::print(stderr, "gpulock: warning: {}\n", error.what());
+  }
+}
+
+}  // namespace
 
 void add_init_command(CLI::App& app, int* exit_status) {
   auto* command = app.add_subcommand(
@@ -20,7 +47,10 @@ void add_init_command(CLI::App& app, int* exit_status) {
   command->callback([exit_status] {
     GpuPool pool = GpuPool::open();
     if (pool.backend_name() != "file") {
-      fmt::print("the {} backend keeps no lock files: nothing to prepare\n", pool.backend_name());
+      // Jobs run on the host that submits them, from a local store, whatever the backend.
+      fmt::print("the {} backend keeps no lock files: nothing to prepare for leases\n",
+                 pool.backend_name());
+      prepare_job_store();
       *exit_status = 0;
       return;
     }
@@ -43,27 +73,7 @@ void add_init_command(CLI::App& app, int* exit_status) {
     } else {
       fmt::print("usage journal: {}\n", journal);
     }
-    // The job store: made here by root, no user owns it (whoever makes it can remove every
-    // job in it). A store that cannot be used is a warning: the leases work without it.
-    try {
-      const JobStore store = open_job_store();
-      struct stat st {};
-      if (::stat(store.root().c_str(), &st) != 0)
-        throw Error(ErrorCode::kEnvironment,
-                    fmt::format("the job store {}: {}", store.root().string(), ::strerror(errno)));
-      if (::geteuid() == 0 && st.st_uid != 0) {
-        const passwd* owner = ::getpwuid(st.st_uid);
-        fmt::print(stderr,
-                   "gpulock: warning: the job store {} belongs to {}, who can remove every "
-                   "user's jobs: chown root {}\n",
-                   store.root().string(),
-                   owner ? std::string(owner->pw_name) : "uid " + std::to_string(st.st_uid),
-                   store.root().string());
-      }
-      fmt::print("job store: {}{}\n", store.root().string(), st.st_uid == 0 ? ", root-owned" : "");
-    } catch (const Error& error) {
-      fmt::print(stderr, "gpulock: warning: {}\n", error.what());
-    }
+    prepare_job_store();
     *exit_status = 0;
   });
 }

@@ -235,3 +235,13 @@ def test_2_a_sigkilled_shared_lease_is_not_ended_by_a_shared_lease_beside_it(gl)
     assert end["how"] == "holder_died" and end["inferred"] is True
     # Not at the other lease's start (which came while it ran), but once it was found gone.
     assert end["time"] >= killed_at - 0.5, (end["time"], starts[beside_id]["time"], killed_at)
+
+
+def test_init_with_the_redis_backend_still_makes_the_job_store(gl, tmp_path):
+    store = tmp_path / "jobs"
+    env = gl.env(GPULOCK_BACKEND="redis://127.0.0.1:%d/0" % free_port(), GPULOCK_JOBS_DIR=store)
+    result = gl.run("init", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "nothing to prepare for leases" in result.stdout
+    assert "job store: %s" % store in result.stdout
+    assert store.is_dir() and oct(store.stat().st_mode & 0o7777) == "0o1777"
