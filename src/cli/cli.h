@@ -26,6 +26,7 @@ struct RequestOptions {
   std::string priority = "normal";
   std::string visible = "index";
   bool verbose = false;
+  bool quiet = false;  // no "waiting for GPUs" line
   std::string backend;
   std::string hosts;
   std::string mem;  // a shared lease: this much memory of each GPU
@@ -80,7 +81,10 @@ std::string explain_usage_error(CLI::App& app, const std::vector<std::string>& a
 
 // Shows a waiting request's progress on stderr: a live line on a terminal, else a log line
 // whenever what it waits for changes. Returns hooks for GpuPool::acquire.
-WaitHooks make_wait_display(const std::string& what);
+// A live line where stderr is this process's controlling terminal and it runs in the
+// foreground; one line where stderr is not a terminal; nothing for a background job on a
+// terminal (150 of them must not write 150 lines over the foreground one), nor with `quiet`.
+WaitHooks make_wait_display(const std::string& what, bool quiet = false);
 
 // Leases GPUs as the options ask, with the wait display and the simulated-GPU note;
 // `also_on_progress`, when set, sees the wait's progress after the display; `interrupted`, when

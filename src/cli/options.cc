@@ -1,6 +1,7 @@
 // Selection and waiting options shared by `run` and `acquire`.
 #include <fcntl.h>
 #include <signal.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -81,6 +82,7 @@ void RequestOptions::add_to(CLI::App& command) {
       ->check(CLI::IsMember({"index", "uuid"}))
       ->capture_default_str();
   command.add_flag("-v,--verbose", verbose, "Say which GPUs were leased");
+  command.add_flag("-q,--quiet", quiet, "Say nothing while waiting (errors are still printed)");
   add_backend_option(command, backend);
   command.add_option(
       "--host", hosts,
@@ -197,7 +199,10 @@ Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::s
   request.command = command;
   for (const auto& warning : pool.warnings()) print_error("warning: " + warning);
   const std::size_t wanted = request.gpus.empty() ? request.count : request.gpus.size();
-  const bool terminal = ::isatty(STDERR_FILENO) != 0;
+  // A live line is drawn (and cleared) only in the foreground of our terminal: a background
+  // job must not erase the foreground one's line.
+  const bool terminal =
+      !options.quiet && ::isatty(STDERR_FILENO) != 0 && ::tcgetpgrp(STDERR_FILENO) == ::getpgrp();
   Lease lease;
   try {
     std::string what = fmt::format("{} GPU{}", wanted, wanted == 1 ? "" : "s");
@@ -206,7 +211,7 @@ Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::s
     } else if (request.slots) {
       what = fmt::format("1/{} of {}", *request.slots, what);
     }
-    WaitHooks hooks = make_wait_display(what);
+    WaitHooks hooks = make_wait_display(what, options.quiet);
     std::optional<InterruptWhileWaiting> ctrl_c;
     if (!interrupted && ctrl_c.emplace().active()) {
       interrupt_seen = 0;

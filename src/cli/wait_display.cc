@@ -1,4 +1,5 @@
 // The "waiting for GPUs" display: a live line on a terminal, log lines elsewhere.
+#include <termios.h>
 #include <unistd.h>
 
 #include <memory>
@@ -24,7 +25,16 @@ std::string place_text(const WaitProgress& progress) {
   return fmt::format("position {} of {}", progress.position, progress.queue_length);
 }
 
+// Whether stderr is the terminal this process is in the foreground of: a background job (`&`,
+// or after Ctrl-Z and `bg`) is not, and a terminal that is not ours (stderr redirected to
+// another tty) has no foreground group of ours.
+bool in_foreground_of_terminal() {
+  const pid_t foreground = ::tcgetpgrp(STDERR_FILENO);
+  return foreground > 0 && foreground == ::getpgrp();
+}
+
 void redraw(DisplayState& state) {
+  if (!in_foreground_of_terminal()) return;  // moved to the background meanwhile
   const auto waited = std::chrono::duration_cast<std::chrono::seconds>(
       std::chrono::steady_clock::now() - state.started);
   std::string line =
@@ -38,22 +48,24 @@ void redraw(DisplayState& state) {
 
 }  // namespace
 
-WaitHooks make_wait_display(const std::string& what) {
+WaitHooks make_wait_display(const std::string& what, bool quiet) {
+  WaitHooks hooks;
+  if (quiet) return hooks;
   auto state = std::make_shared<DisplayState>();
   state->what = what;
   state->terminal = ::isatty(STDERR_FILENO) != 0;
-  WaitHooks hooks;
+  if (state->terminal && !in_foreground_of_terminal()) return hooks;  // a background job
   hooks.on_progress = [state](const WaitProgress& progress) {
     const std::string place = place_text(progress);
+    state->place = place;
+    state->blocking = progress.blocked_by;
     if (state->terminal) {
-      state->place = place;
-      state->blocking = progress.blocked_by;
       redraw(*state);
-    } else if (progress.blocked_by != state->blocking || place != state->place) {
-      state->place = place;
-      state->blocking = progress.blocked_by;
+    } else if (!state->shown) {
+      // A log (a file, a pipe): one line when the wait begins, not one per change of place.
       fmt::print(stderr, "gpulock: waiting for {}{}: {}\n", state->what,
                  place.empty() ? "" : ", " + place, state->blocking);
+      state->shown = true;
     }
   };
   // On a terminal, a live line: re-read the place in the queue and redraw about once a second.

@@ -245,3 +245,67 @@ def test_init_with_the_redis_backend_still_makes_the_job_store(gl, tmp_path):
     assert "nothing to prepare for leases" in result.stdout
     assert "job store: %s" % store in result.stdout
     assert store.is_dir() and oct(store.stat().st_mode & 0o7777) == "0o1777"
+
+
+def test_11_waiting_lines_one_per_waiter_in_a_log_none_with_quiet(gl):
+    env = gl.env(fake="1")
+    holder, _ = gl.hold("-n", "1", env=env)
+    waiters = [gl.spawn("run", "--", "sleep", "0.2", env=env) for _ in range(4)]
+    quiet = gl.spawn("run", "--quiet", "--", "true", env=env)
+    wait_until(lambda: len(json.loads(gl.run("queue", "--json", env=env).stdout)["waiting"])
+               == 5, HANG, what="five waiters")
+    os.killpg(holder.popen.pid, signal.SIGTERM)
+    for bg in waiters + [quiet]:
+        assert bg.wait() == 0
+    for bg in waiters:
+        # Their places changed as the ones ahead left: still one line each.
+        assert bg.stderr().count("gpulock: waiting") == 1, bg.stderr()
+    assert "waiting" not in quiet.stderr()
+
+
+BACKGROUND_ON_A_TERMINAL = r'''
+set -m
+"$G" run -- sh -c 'echo background-ran' &
+sleep 1
+"$G" run -- sh -c 'echo foreground-ran'
+wait
+'''
+
+
+def test_11_a_background_job_draws_no_line_on_the_terminal(gl):
+    """On a terminal with job control, a background waiter says nothing while the foreground
+    one draws its live line."""
+    import fcntl
+    import pty
+    import termios
+    env = gl.env(fake="1", G=str(gl.binary))
+    holder, _ = gl.hold("-n", "1", env=env)
+    master, slave = pty.openpty()
+
+    def controlling_terminal():
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+    shell = subprocess.Popen(["bash", "--norc", "-c", BACKGROUND_ON_A_TERMINAL], env=env,
+                             stdin=slave, stdout=slave, stderr=slave,
+                             preexec_fn=controlling_terminal)
+    os.close(slave)
+    out = b""
+    wait_until(lambda: len(json.loads(gl.run("queue", "--json", env=env).stdout)["waiting"])
+               == 2, HANG, what="two waiters")
+    time.sleep(1.5)  # a few redraws of the live line
+    os.killpg(holder.popen.pid, signal.SIGTERM)
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    shell.wait(timeout=HANG)
+    os.close(master)
+    text = out.decode(errors="replace")
+    assert "background-ran" in text and "foreground-ran" in text, text
+    # Every waiting line is the foreground one's: it waits for 1 GPU at position 2 of 2.
+    lines = [x for x in text.replace("\r", "\n").split("\n") if "waiting" in x]
+    assert lines and all("position 2 of 2" in x or "position 1 of 1" in x for x in lines), lines
