@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -75,6 +76,21 @@ UsageReport GpuPool::usage(double since, double until, UsageGrouping grouping) {
   UsageReport report = summarize_usage(pair_journal_records(contents.records), since, until,
                                        grouping, unix_seconds(std::chrono::system_clock::now()));
   report.warnings = contents.warnings;
+  if (grouping == UsageGrouping::kGpu) {
+    // Beside each UUID, the GPU as people know it now; a GPU gone keeps the journal's index.
+    try {
+      std::unordered_map<std::string, const Device*> by_uuid;
+      const std::vector<Device> devices = backend_->device_source().devices();
+      for (const Device& d : devices) by_uuid.emplace(d.uuid, &d);
+      for (UsageGroup& g : report.groups)
+        if (const auto it = by_uuid.find(g.key); it != by_uuid.end()) {
+          g.gpu_index = it->second->display_index();
+          g.gpu_name = it->second->name;
+        }
+    } catch (const Error&) {
+      // No devices to ask (no driver now): the journal's indices stand.
+    }
+  }
   if (!contents.available)
     report.warnings.push_back("no usage journal at " + contents.location +
                               " (`gpulock init` makes it; docs/operations.md)");

@@ -107,6 +107,10 @@ struct UsageGroup {
   unsigned leases = 0;             // leases that overlap the window
   double median_wait_seconds = 0;  // over those leases' waits
   double max_wait_seconds = 0;
+  // By GPU: its index and name now (GpuPool::usage() asks the devices), else the index the
+  // journal last recorded for it and no name (a GPU gone from this machine, another host's).
+  std::string gpu_index;
+  std::string gpu_name;
 };
 
 struct UsageReport {

@@ -50,9 +50,13 @@ void print_usage_table(const UsageReport& report) {
   fmt::print("{:<40} {:>10} {:>7} {:>12} {:>10}\n", "KEY", "GPU-HOURS", "LEASES", "MEDIAN WAIT",
              "MAX WAIT");
   const auto row = [](const UsageGroup& g) {
-    fmt::print("{:<40} {:>10.2f} {:>7} {:>12} {:>10}\n", g.key.empty() ? "(none)" : g.key,
+    fmt::print("{:<40} {:>10.2f} {:>7} {:>12} {:>10}{}\n", g.key.empty() ? "(none)" : g.key,
                g.gpu_hours, g.leases, wait_text(g.median_wait_seconds),
-               wait_text(g.max_wait_seconds));
+               wait_text(g.max_wait_seconds),
+               g.gpu_index.empty() && g.gpu_name.empty()
+                   ? ""
+                   : fmt::format("  GPU {}{}", g.gpu_index.empty() ? "?" : g.gpu_index,
+                                 g.gpu_name.empty() ? "" : " " + g.gpu_name));
   };
   for (const auto& g : report.groups) row(g);
   row(report.total);

@@ -40,6 +40,7 @@ double next_utc_midnight(double seconds) {
 }
 
 struct Accumulator {
+  std::string gpu_index;  // by GPU: the index its latest lease recorded
   double gpu_seconds = 0;
   std::vector<double> waits;
   std::map<std::string, bool> leases;  // counted once per group
@@ -55,6 +56,7 @@ UsageGroup finish(const std::string& key, const Accumulator& acc) {
   UsageGroup group;
   group.key = key;
   group.gpu_hours = acc.gpu_seconds / 3600.0;
+  group.gpu_index = acc.gpu_index;
   group.leases = static_cast<unsigned>(acc.leases.size());
   group.median_wait_seconds = median(acc.waits);
   group.max_wait_seconds =
@@ -66,12 +68,17 @@ json record_json(const JournalRecord& r) {
   return json::parse(journal_record_json(r));
 }
 
-json group_json(const UsageGroup& g) {
-  return {{"key", g.key},
-          {"gpu_hours", g.gpu_hours},
-          {"leases", g.leases},
-          {"median_wait_seconds", g.median_wait_seconds},
-          {"max_wait_seconds", g.max_wait_seconds}};
+json group_json(const UsageGroup& g, UsageGrouping grouping) {
+  json j = {{"key", g.key},
+            {"gpu_hours", g.gpu_hours},
+            {"leases", g.leases},
+            {"median_wait_seconds", g.median_wait_seconds},
+            {"max_wait_seconds", g.max_wait_seconds}};
+  if (grouping == UsageGrouping::kGpu) {
+    j["gpu_index"] = g.gpu_index.empty() ? json(nullptr) : json(g.gpu_index);
+    j["gpu_name"] = g.gpu_name.empty() ? json(nullptr) : json(g.gpu_name);
+  }
+  return j;
 }
 
 std::string csv_field(const std::string& text) {
@@ -203,7 +210,11 @@ UsageReport summarize_usage(const std::vector<UsageLease>& leases, double since,
         add(groups[job_of_lease_label(lease.start.label)], lease, (end - begin) * gpus);
         break;
       case UsageGrouping::kGpu:
-        for (const auto& gpu : lease.start.gpus) add(groups[gpu.uuid], lease, end - begin);
+        for (const auto& gpu : lease.start.gpus) {
+          Accumulator& acc = groups[gpu.uuid];
+          add(acc, lease, end - begin);
+          if (gpu.index >= 0) acc.gpu_index = std::to_string(gpu.index);  // leases come in order
+        }
         break;
       case UsageGrouping::kDay: {
         double from = begin;
@@ -227,23 +238,28 @@ UsageReport summarize_usage(const std::vector<UsageLease>& leases, double since,
 
 std::string usage_to_json(const UsageReport& report) {
   json groups = json::array();
-  for (const auto& g : report.groups) groups.push_back(group_json(g));
+  for (const auto& g : report.groups) groups.push_back(group_json(g, report.grouping));
   const json doc = {{"schema_version", kJsonSchemaVersion},
                     {"since", report.since},
                     {"until", report.until},
                     {"by", usage_grouping_name(report.grouping)},
                     {"groups", groups},
-                    {"total", group_json(report.total)},
+                    {"total", group_json(report.total, UsageGrouping::kUser)},
                     {"warnings", report.warnings}};
   return doc.dump(2, ' ', false, json::error_handler_t::replace);
 }
 
 std::string usage_to_csv(const UsageReport& report) {
-  std::string out = fmt::format("{},gpu_hours,leases,median_wait_seconds,max_wait_seconds\n",
-                                usage_grouping_name(report.grouping));
-  for (const auto& g : report.groups)
-    out += fmt::format("{},{:.6f},{},{:.3f},{:.3f}\n", csv_field(g.key), g.gpu_hours, g.leases,
+  const bool by_gpu = report.grouping == UsageGrouping::kGpu;
+  std::string out =
+      fmt::format("{},gpu_hours,leases,median_wait_seconds,max_wait_seconds{}\n",
+                  usage_grouping_name(report.grouping), by_gpu ? ",gpu_index,gpu_name" : "");
+  for (const auto& g : report.groups) {
+    out += fmt::format("{},{:.6f},{},{:.3f},{:.3f}", csv_field(g.key), g.gpu_hours, g.leases,
                        g.median_wait_seconds, g.max_wait_seconds);
+    if (by_gpu) out += "," + csv_field(g.gpu_index) + "," + csv_field(g.gpu_name);
+    out += '\n';
+  }
   return out;
 }
 

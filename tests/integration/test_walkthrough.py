@@ -309,3 +309,16 @@ def test_11_a_background_job_draws_no_line_on_the_terminal(gl):
     # Every waiting line is the foreground one's: it waits for 1 GPU at position 2 of 2.
     lines = [x for x in text.replace("\r", "\n").split("\n") if "waiting" in x]
     assert lines and all("position 2 of 2" in x or "position 1 of 1" in x for x in lines), lines
+
+
+def test_14_usage_by_gpu_names_each_gpu_beside_its_uuid(gl):
+    assert gl.run("run", "--gpus", "1,2", "--", "true").returncode == 0
+    doc = json.loads(gl.run("usage", "--by", "gpu", "--json").stdout)
+    groups = {g["key"]: g for g in doc["groups"]}
+    for index in ("1", "2"):
+        uuid = gl.gpu_status(int(index))["uuid"]
+        assert groups[uuid]["gpu_index"] == index and groups[uuid]["gpu_name"], groups
+    table = gl.run("usage", "--by", "gpu").stdout
+    assert "GPU 1 " in table and "GPU 2 " in table, table
+    csv = gl.run("usage", "--by", "gpu", "--csv").stdout.splitlines()
+    assert csv[0].endswith(",gpu_index,gpu_name") and csv[1].split(",")[5] in ("1", "2")
