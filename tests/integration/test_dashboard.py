@@ -173,3 +173,31 @@ def test_markup_in_a_label_is_shown_as_text_never_run(gl, browser):
     assert shown["label"] == label
     assert browser.evaluate("document.querySelectorAll('#gpus img, #gpus b').length") == 0
     assert browser.evaluate("window.pwned === undefined") is True
+
+
+def test_dashboard_names_foreign_processes_and_what_waiters_wait_for(gl, browser):
+    """Issue 41, defect 14: a GPU busy with a process outside gpulock showed a blank holder;
+    the queue table had no reason and no command."""
+    stranger = gl.sleeper()
+    path = gl.write_fake_gpus([{}, {"processes": [{"pid": stranger.popen.pid}]}])
+    env = gl.env(fake=path)
+    gl.hold("--gpus", "0", env=env)
+    gl.spawn("run", "--gpus", "0", "--label", "second", "--", "sleep", "4242", env=env)
+    wait_until(lambda: json.loads(gl.run("queue", "--json", env=env).stdout)["waiting"], HANG,
+               what="the second request to queue")
+    server = start_serve(gl, env=env)
+    browser.call("Page.navigate", url="http://127.0.0.1:%d/" % server.port)
+
+    def shown():
+        return browser.evaluate("""(() => {
+          const busy = document.querySelector('#gpus tr[data-gpu="1"] .holder');
+          const waiter = document.querySelector('#queue tbody tr');
+          if (!busy || !waiter || !waiter.querySelector('.waits-for')) return null;
+          return {busy: busy.textContent,
+                  waits: waiter.querySelector('.waits-for').textContent,
+                  command: waiter.querySelector('.command').textContent};
+        })()""")
+    page = wait_until(shown, timeout=HANG, what="the foreign process and the waiter on the page")
+    assert page["busy"] == "foreign: pid %d (%s)" % (stranger.popen.pid, ME), page
+    assert "GPU 0" in page["waits"] and "leased by %s" % ME in page["waits"], page
+    assert page["command"].startswith("sleep"), page

@@ -79,8 +79,11 @@ function renderGpus(status) {
       appendShared(tr, g.shared, status.taken_at);
     } else {
       let holder = "";
+      const foreign = (g.processes || []).filter((p) => p.foreign)
+        .map((p) => `pid ${p.pid}${p.user ? ` (${p.user})` : ""}`);
       if (h) holder = `${h.user} (${h.lease_id})`;
       else if (g.reserved_for) holder = `reserved for ${g.reserved_for.user}`;
+      else if (foreign.length) holder = `foreign: ${foreign.join(", ")}`;
       else if (g.note) holder = g.note;
       tr.appendChild(el("td", holder, { class: "holder", title: h ? h.command : "" }));
       tr.appendChild(el("td", h ? h.label : "", { class: "label" }));
@@ -127,13 +130,15 @@ function renderQueue(queue, now) {
     tr.appendChild(el("td", e.gpus_requested));
     tr.appendChild(el("td", e.priority));
     tr.appendChild(el("td", duration(now - e.waiting_since)));
-    tr.appendChild(el("td", e.standing, { title: e.blocked_by }));
+    tr.appendChild(el("td", e.standing));
+    tr.appendChild(el("td", e.blocked_by, { class: "waits-for" }));
     tr.appendChild(el("td", e.label));
+    tr.appendChild(el("td", e.command, { class: "command" }));
     return tr;
   });
   if (!rows.length) {
     const tr = el("tr");
-    tr.appendChild(el("td", "nobody is waiting", { colspan: "7", class: "note" }));
+    tr.appendChild(el("td", "nobody is waiting", { colspan: "9", class: "note" }));
     rows.push(tr);
   }
   document.querySelector("#queue tbody").replaceChildren(...rows);
