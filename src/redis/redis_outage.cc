@@ -23,6 +23,12 @@ void RedisOutage::end(RedisConnectionLoan& connection, std::chrono::milliseconds
   if (!ongoing_) return;
   connection.reconnect(connect_budget);
   connection->set_deadline(deadline);
+  // A connection is no answer: the kernel completes it for a server that is paused, shutting
+  // down or not reading, and a cached connection may be dead. Only a reply counts.
+  const RedisValue pong = connection->command({"PING"});
+  if (pong.is_error())
+    throw Error(ErrorCode::kEnvironment, fmt::format("Redis at {} is not ready: {}",
+                                                     connection->endpoint().display(), pong.text));
   std::fprintf(stderr, "gpulock: Redis at %s answers again\n",
                connection->endpoint().display().c_str());
   ongoing_ = false;

@@ -30,8 +30,8 @@ class RedisOutage {
   void wait_to_retry(const Error& error, Clock::time_point deadline);
 
   // At the start of a round, if an outage is ongoing: connects `connection` again (within
-  // `connect_budget`, its calls bounded by `deadline` again) and says that the server answers.
-  // Throws, as the connection does, if it still does not.
+  // `connect_budget`, its calls bounded by `deadline` again), and once the server has answered
+  // a PING says that it answers. Throws, as the connection does, if it still does not.
   void end(RedisConnectionLoan& connection, std::chrono::milliseconds connect_budget,
            const std::optional<Clock::time_point>& deadline);
 

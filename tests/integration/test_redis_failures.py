@@ -760,3 +760,38 @@ def test_garbage_in_token_and_registry_keys(rw):
                      ("run", "--timeout", "1s", "--", "true")):
             result = rw.run(*args, host=host)
             assert_no_crash(result, " ".join(args))
+
+
+def test_3_a_waiter_says_redis_answers_again_only_once_it_has_answered(rw):
+    """Issue 41, defect 3: in an outage a waiter said `Redis at … answers again` while the
+    server was dead. Here, during the outage, something accepts connections on the server's
+    port and never answers (a server paused or shutting down): a connection is made, but no
+    reply comes, and the waiter must keep saying nothing until a real server answers."""
+    rw.register("node-a", gpus=1)
+    holder = rw.hold("-n", "1")
+    proxy = TcpProxy(rw.server.port)
+    silent = None
+    try:
+        waiter = rw.spawn("run", "-n", "1", "--", "true", env=rw.env(url=proxy.url()))
+        wait_until(lambda: rw.server.command("ZCARD", rw.key("queue")) == 1, timeout=HANG,
+                   what="the waiter to queue")
+        proxy.cut_now()
+        silent = socket.socket()
+        silent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        silent.bind(("127.0.0.1", proxy.port))
+        silent.listen(64)  # the kernel completes connections; nobody reads them
+        wait_until(lambda: "still waiting" in waiter.stderr() or not waiter.alive(),
+                   timeout=HANG, what="the waiter to meet the outage")
+        time.sleep(4)  # several retries against the silent listener
+        assert waiter.alive(), waiter.describe()
+        assert "answers again" not in waiter.stderr(), waiter.describe()
+        silent.close()
+        silent = None
+        proxy.resume()
+        assert holder.finish() == 0, holder.bg.describe()
+        assert waiter.wait() == 0, waiter.describe()
+        assert waiter.stderr().count("answers again") == 1, waiter.describe()
+    finally:
+        if silent is not None:
+            silent.close()
+        proxy.close()
