@@ -109,6 +109,9 @@ inline std::function<std::string(int status)> output_on_failure;
 
 // "gpulock: " + message on stderr.
 void print_error(const std::string& message);
+// Ends the process by `signal` with its default action, as a shell expects of a command the
+// signal stopped (SIGINT: $? is 130; SIGPIPE: 141, and no message).
+[[noreturn]] void die_by_signal(int signal);
 
 // Tables on a terminal (terminal_width.cc): the display width of UTF-8 text (one column per
 // character); the terminal's width, 0 when stdout is not one (nothing is cut then); a line cut

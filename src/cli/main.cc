@@ -44,13 +44,7 @@ bool output_reader_gone() {
 // killed by SIGPIPE, silently, so a shell prints nothing and `pipefail` sees 141. Only once the
 // command is done: a command whose output matters (acquire) handles a failed write itself.
 [[noreturn]] void end_by_sigpipe() {
-  ::signal(SIGPIPE, SIG_DFL);
-  sigset_t pipe_only;
-  sigemptyset(&pipe_only);
-  sigaddset(&pipe_only, SIGPIPE);
-  ::sigprocmask(SIG_UNBLOCK, &pipe_only, nullptr);
-  ::raise(SIGPIPE);
-  ::_exit(128 + SIGPIPE);
+  gpulock::cli::die_by_signal(SIGPIPE);
 }
 
 // Output that could not be written (a closed pipe, a full disk) is an error, not a success.

@@ -181,16 +181,20 @@ class InterruptWhileWaiting {
     fmt::print("{}", output_on_failure(128 + SIGINT));
     std::fflush(stdout);
   }
-  ::signal(SIGINT, SIG_DFL);
-  sigset_t only;
-  sigemptyset(&only);
-  sigaddset(&only, SIGINT);
-  ::sigprocmask(SIG_UNBLOCK, &only, nullptr);
-  ::raise(SIGINT);
-  ::_exit(128 + SIGINT);
+  die_by_signal(SIGINT);
 }
 
 }  // namespace
+
+void die_by_signal(int number) {
+  ::signal(number, SIG_DFL);
+  sigset_t only;
+  sigemptyset(&only);
+  sigaddset(&only, number);
+  ::sigprocmask(SIG_UNBLOCK, &only, nullptr);
+  ::raise(number);
+  ::_exit(128 + number);
+}
 
 Lease acquire_for_cli(GpuPool& pool, const RequestOptions& options, const std::string& command,
                       const std::function<void(const WaitProgress&)>& also_on_progress,

@@ -337,8 +337,10 @@ def status_on_terminal(gl, columns):
 
 
 def lease_rows(text, lease):
+    """The status lines, and where the lease's first row is: the one with its holder in full
+    (the lease's other GPUs say only whose they are, "with GPU N")."""
     lines = text.splitlines()
-    first = [i for i, line in enumerate(lines) if lease in line]
+    first = [i for i, line in enumerate(lines) if lease in line and "(with GPU" not in line]
     assert len(first) == 1, "lease %s shown %d times:\n%s" % (lease, len(first), text)
     return lines, first[0]
 
@@ -351,12 +353,15 @@ def test_status_shows_a_multi_gpu_lease_once_at_80_columns(gl):
         assert len(line) <= 80, "wider than 80 columns: %r" % line
     gpus = [g["display_index"] for g in gl.status()["gpus"] if g["lease_id"] == lease]
     assert len(gpus) == 3
-    # The lease's rows are together: its GPUs, then nothing else until the lease ends.
-    rows = lines[at:at + 3]
+    # The lease's rows are together: its first GPU, the command under it, then its other GPUs,
+    # each naming the lease.
+    rows = [lines[at]] + lines[at + 2:at + 4]
     assert [row.split()[0] for row in rows] == gpus
     assert all(row.split()[1] == "leased" for row in rows)
     assert "[long]" in rows[0]
-    assert rows[1].split()[-1].endswith("…") and "sh -c" in rows[1]
+    command = lines[at + 1]
+    assert command.startswith(" ") and command.endswith("…") and "sh -c" in command
+    assert all(lease in row and "(with GPU %s)" % gpus[0] in row for row in rows[1:])
     assert text.count("sh -c") == 1  # the command once, not on every GPU's row
 
 

@@ -124,6 +124,20 @@ def test_1_status_of_a_multi_gpu_lease_names_its_holder_on_every_gpu_row(gl):
     assert "sleep" not in rows["1"], rows
 
 
+def read_until_closed(master):
+    """Everything written to a pseudo-terminal until its last writer has closed it."""
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: no writer left
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
 def run_on_terminal(gl, *args, columns=80):
     """gpulock ARGS with stdout on a pseudo-terminal `columns` wide: its lines."""
     import fcntl
@@ -135,15 +149,7 @@ def run_on_terminal(gl, *args, columns=80):
     proc = subprocess.Popen(gl.cmd(*args), env=gl.env(), stdout=slave, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL)
     os.close(slave)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
+    out = read_until_closed(master)
     proc.wait(timeout=HANG)
     os.close(master)
     assert proc.returncode == 0, proc.stderr.read()
@@ -289,19 +295,11 @@ def test_11_a_background_job_draws_no_line_on_the_terminal(gl):
                              stdin=slave, stdout=slave, stderr=slave,
                              preexec_fn=controlling_terminal)
     os.close(slave)
-    out = b""
     wait_until(lambda: len(json.loads(gl.run("queue", "--json", env=env).stdout)["waiting"])
                == 2, HANG, what="two waiters")
     time.sleep(1.5)  # a few redraws of the live line
     os.killpg(holder.popen.pid, signal.SIGTERM)
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
+    out = read_until_closed(master)
     shell.wait(timeout=HANG)
     os.close(master)
     text = out.decode(errors="replace")
