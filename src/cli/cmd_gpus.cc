@@ -12,18 +12,27 @@ std::string or_unknown(const std::optional<T>& value, const char* format) {
   return value ? fmt::format(fmt::runtime(format), *value) : "?";
 }
 
+// The GPU's shared use in the pool's view; nullptr when it has no shared leases.
+const SharedUse* shared_use_of(const Device& d, const PoolStatus& leases) {
+  for (const GpuStatus& g : leases.gpus)
+    if (g.device.uuid == d.uuid && g.shared) return &*g.shared;
+  return nullptr;
+}
+
+// What shared leases may still reserve on the GPU: its memory less theirs and the reserve.
+std::uint64_t unreserved_bytes(const Device& d, const SharedUse& s) {
+  const std::uint64_t total = d.memory_total_bytes.value_or(0);
+  const std::uint64_t kept = s.reserved_bytes + s.reserve_bytes;
+  return total > kept ? total - kept : 0;
+}
+
 // "-" for a GPU without shared leases, else "JOBS: RESERVED reserved, UNRESERVED left".
 std::string shared_column(const Device& d, const PoolStatus* leases) {
   if (!leases) return "?";
-  for (const GpuStatus& g : leases->gpus) {
-    if (g.device.uuid != d.uuid || !g.shared) continue;
-    const std::uint64_t total = d.memory_total_bytes.value_or(0);
-    const std::uint64_t kept = g.shared->reserved_bytes + g.shared->reserve_bytes;
-    return fmt::format("{} job{}, {} reserved, {} left", g.shared->jobs,
-                       g.shared->jobs == 1 ? "" : "s", format_size(g.shared->reserved_bytes),
-                       format_size(total > kept ? total - kept : 0));
-  }
-  return "-";
+  const SharedUse* s = shared_use_of(d, *leases);
+  if (!s) return "-";
+  return fmt::format("{} job{}, {} reserved, {} left", s->jobs, s->jobs == 1 ? "" : "s",
+                     format_size(s->reserved_bytes), format_size(unreserved_bytes(d, *s)));
 }
 
 std::string state_column(const Device& d, const PoolStatus* leases) {
@@ -36,14 +45,10 @@ std::string state_column(const Device& d, const PoolStatus* leases) {
 // The shared column of the narrow table: "2 jobs 40.0G left".
 std::string short_shared_column(const Device& d, const PoolStatus* leases) {
   if (!leases) return "?";
-  for (const GpuStatus& g : leases->gpus) {
-    if (g.device.uuid != d.uuid || !g.shared) continue;
-    const std::uint64_t total = d.memory_total_bytes.value_or(0);
-    const std::uint64_t kept = g.shared->reserved_bytes + g.shared->reserve_bytes;
-    return fmt::format("{} job{} {:.1f}G left", g.shared->jobs, g.shared->jobs == 1 ? "" : "s",
-                       static_cast<double>(total > kept ? total - kept : 0) / (1u << 30));
-  }
-  return "-";
+  const SharedUse* s = shared_use_of(d, *leases);
+  if (!s) return "-";
+  return fmt::format("{} job{} {:.1f}G left", s->jobs, s->jobs == 1 ? "" : "s",
+                     static_cast<double>(unreserved_bytes(d, *s)) / (1u << 30));
 }
 
 std::string short_mode(const Device& d) {
