@@ -19,12 +19,15 @@ std::optional<std::uint64_t> parse_fencing_token(std::string_view text) {
   return value;
 }
 
-Error fencing_tokens_exhausted(const RedisSettings& settings, std::string_view counter) {
-  return Error(ErrorCode::kEnvironment,
-               fmt::format("pool '{}': its fencing-token counter ({}token) is at {}, the largest "
-                           "64-bit token, so no lease can get a larger one; an administrator must "
-                           "repair the pool (see `gpulock doctor`)",
-                           settings.pool, settings.prefix(), sanitize_for_display(counter, 40)));
+Error fencing_tokens_exhausted(const RedisSettings& settings, std::string_view counter,
+                               std::string_view key) {
+  if (key != "token_copy") key = "token";
+  return Error(
+      ErrorCode::kEnvironment,
+      fmt::format("pool '{}': its fencing-token counter ({}{}) is at {}, the largest "
+                  "64-bit token, so no lease can get a larger one; an administrator must "
+                  "repair the pool (see `gpulock doctor`)",
+                  settings.pool, settings.prefix(), key, sanitize_for_display(counter, 40)));
 }
 
 }  // namespace gpulock

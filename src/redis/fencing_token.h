@@ -19,7 +19,10 @@ inline constexpr std::uint64_t kLastFencingToken = ~std::uint64_t{0};
 std::optional<std::uint64_t> parse_fencing_token(std::string_view text);
 
 // What an acquire throws when its script finds the pool's token counter at `counter` (as Redis
-// gave it), the largest token: no lease can get a larger one until the pool is repaired.
-Error fencing_tokens_exhausted(const RedisSettings& settings, std::string_view counter);
+// gave it), the largest token: no lease can get a larger one until the pool is repaired. `key`
+// is the counter's key that holds it, less the prefix ("token" or "token_copy"; "" = "token",
+// as older scripts did not say).
+Error fencing_tokens_exhausted(const RedisSettings& settings, std::string_view counter,
+                               std::string_view key);
 
 }  // namespace gpulock

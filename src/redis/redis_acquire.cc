@@ -156,10 +156,12 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     // script may have run, and only the server can say so once it answers again.
     const RedisValue reply = run_until_answered(connection, redis_scripts::kAcquire,
                                                 {settings_.version_key()}, acquire, &unanswered);
-    if (reply.elements.size() == 2 && reply.elements[0].text == "exhausted") {
+    if (reply.elements.size() >= 2 && reply.elements[0].text == "exhausted") {
       // The script wrote nothing: no lock is left behind, and waiting cannot help.
       token_unusable = true;
-      throw fencing_tokens_exhausted(settings_, reply.elements[1].text);
+      throw fencing_tokens_exhausted(
+          settings_, reply.elements[1].text,
+          reply.elements.size() > 2 ? reply.elements[2].text : std::string());
     }
     if (reply.elements.empty() || reply.elements[0].text != "ok" ||
         reply.elements.size() != 2 + acquire.gpus.size())
@@ -242,11 +244,9 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       for (const Gpu* g : pool) {
         std::string never = never_reason(g->device, request, config_);
         if (never.empty() && g->local) never = outside_visible_reason(g->device, request);
-        if (never.empty() && g->lock == "!garbage")
-          never = fmt::format(
-              "{} of host {}: its lock key in Redis holds something that is not a "
-              "lease (see `gpulock doctor`)",
-              describe_device(g->device), g->host);
+        if (never.empty() && !g->unusable_reason().empty())
+          never = fmt::format("{} of host {}: {}", describe_device(g->device), g->host,
+                              g->unusable_reason());
         if (!never.empty()) {
           if (!request.gpus.empty()) throw Error(ErrorCode::kUnsatisfiable, never);
           never_reasons.push_back(never);
@@ -494,9 +494,10 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       if (error.code() != ErrorCode::kEnvironment || !(has_waited || unanswered) || token_unusable)
         throw;
       if (Clock::now() >= deadline) outage.fail_at_deadline(error, last_look && !unanswered);
+      const bool refused = !connection.broken() && !(waker && waker->broken());
       waker.reset();
       ticket.id.clear();
-      outage.wait_to_retry(error, deadline);
+      outage.wait_to_retry(error, deadline, refused);
       try {
         waker = RedisConnection::connect(settings_.endpoint,
                                          std::min(milliseconds(2000), calls.connect_budget()));

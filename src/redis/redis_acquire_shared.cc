@@ -142,9 +142,11 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
     const RedisValue reply = run_until_answered(connection, redis_scripts::kAcquireShared,
                                                 {settings_.version_key()}, acquire, &unanswered);
     *outcome = reply.elements.empty() ? "" : reply.elements[0].text;
-    if (*outcome == "exhausted" && reply.elements.size() == 2) {
+    if (*outcome == "exhausted" && reply.elements.size() >= 2) {
       retrying_cannot_help = true;
-      throw fencing_tokens_exhausted(settings_, reply.elements[1].text);
+      throw fencing_tokens_exhausted(
+          settings_, reply.elements[1].text,
+          reply.elements.size() > 2 ? reply.elements[2].text : std::string());
     }
     if (*outcome != "ok" || reply.elements.size() != 2 + 2 * needed) return std::nullopt;
     std::vector<std::string> uuids;
@@ -232,11 +234,9 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
         const Device& d = g->device;
         std::string never = never_reason(d, health, config_);
         if (never.empty() && g->local) never = outside_visible_reason(d, request);
-        if (never.empty() && g->lock == "!garbage")
-          never = fmt::format(
-              "{} of host {}: its lock key in Redis holds something that is not a "
-              "lease (see `gpulock doctor`)",
-              describe_device(d), g->host);
+        if (never.empty() && !g->unusable_reason().empty())
+          never =
+              fmt::format("{} of host {}: {}", describe_device(d), g->host, g->unusable_reason());
         const std::uint64_t total = total_units(d);
         if (never.empty() && !d.memory_total_bytes)
           never =
@@ -400,7 +400,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
           retrying_cannot_help)
         throw;
       if (Clock::now() >= deadline) outage.fail_at_deadline(error, last_look && !unanswered);
-      outage.wait_to_retry(error, deadline);
+      outage.wait_to_retry(error, deadline, !connection.broken());
     }
   }
 }

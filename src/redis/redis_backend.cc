@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 #include <string_view>
 #include <unordered_map>
@@ -144,10 +145,26 @@ void RedisBackend::register_readings(RedisConnection& connection,
         Clock::now() - registered_at_ < kRegistrationRefresh)
       return;
   }
-  connection.run(redis_scripts::kRegister, {settings_.version_key()}, args);
+  const RedisValue reply =
+      connection.run(redis_scripts::kRegister, {settings_.version_key()}, args);
+  if (reply.type == RedisValue::Type::kArray && reply.elements.size() == 2)
+    std::fprintf(stderr,
+                 "gpulock: warning: pool '%s': its list of hosts (%shosts) held a %s, not a sorted "
+                 "set; it was rebuilt from the hosts' own keys\n",
+                 settings_.pool.c_str(), settings_.prefix().c_str(),
+                 sanitize_for_display(reply.elements[1].text, 20).c_str());
   std::lock_guard<std::mutex> lock(mutex_);
   registered_signature_ = signature;
   registered_at_ = Clock::now();
+}
+
+std::string RedisBackend::Gpu::unusable_reason() const {
+  if (lock == redis_scripts::kGarbageLock)
+    return "its lock key in Redis holds something that is not a lease (see `gpulock doctor`)";
+  if (lock == redis_scripts::kDamagedShares)
+    return "its shared leases' keys in Redis are damaged, so nobody can tell what they hold; no "
+           "lease is given it until they have ended (see `gpulock doctor`)";
+  return "";
 }
 
 RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
@@ -157,7 +174,8 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
   std::string hosts_arg;
   for (const auto& host : scope) hosts_arg += host + "\n";
   const RedisValue reply =
-      connection.run(redis_scripts::kSnapshot, {settings_.version_key()}, {hosts_arg, user});
+      connection.run(redis_scripts::kSnapshot, {settings_.version_key()},
+                     {hosts_arg, user, std::to_string(settings_.lease_ttl.count())});
   Snapshot out;
   out.version = element(reply, 0).text;
   out.now_ms = integer_of(element(reply, 1));
@@ -188,9 +206,10 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
     gpu.host = gpus.elements[i + 1].text;
     gpu.lock = gpus.elements[i + 5].text;
     gpu.lock_ttl_ms = integer_of(gpus.elements[i + 6]);
-    if (!gpu.lock.empty() && gpu.lock != "!garbage" && gpu.lock != redis_scripts::kSharedMark &&
+    if (!gpu.lock.empty() && gpu.lock != redis_scripts::kGarbageLock &&
+        gpu.lock != redis_scripts::kDamagedShares && gpu.lock != redis_scripts::kSharedMark &&
         !is_lease_id(gpu.lock))
-      gpu.lock = "!garbage";
+      gpu.lock = redis_scripts::kGarbageLock;
     if (gpu.shared()) {
       // One line per live reservation: "LEASE_ID UNITS PTTL"; unreadable ones are skipped.
       for (const std::string& line : split(gpus.elements[i + 7].text, '\n')) {

@@ -67,12 +67,15 @@ class RedisBackend final : public LeaseBackend {
     Device device;
     std::string host;
     bool local = false;  // a GPU of this host (its device data is live)
-    // The lease id holding it, "" when free, "!garbage" when unusable, or
-    // redis_scripts::kSharedMark when shared leases hold it (then `shares` says which).
+    // The lease id holding it, "" when free, redis_scripts::kSharedMark when shared leases hold
+    // it (then `shares` says which), or, when it is unusable, kGarbageLock (its lock key holds
+    // something else) or kDamagedShares (its shared leases' keys are damaged).
     std::string lock;
     long long lock_ttl_ms = -2;
     std::vector<Share> shares;
     bool shared() const { return lock == redis_scripts::kSharedMark; }
+    // Why no lease may be given it whatever else the pool holds ("" when none), for messages.
+    std::string unusable_reason() const;
   };
   struct LeaseEntry {
     std::optional<HolderRecord> record;  // unset when missing or malformed

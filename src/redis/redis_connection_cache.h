@@ -48,6 +48,8 @@ class RedisConnectionLoan {
     connection_.reset();
     connection_ = cache_.take(timeout);
   }
+  // Whether there is no working connection (none since a reconnect failed, or a broken one).
+  bool broken() const { return !connection_ || connection_->broken(); }
   RedisConnection* operator->() { return connection_.get(); }
   RedisConnection& operator*() { return *connection_; }
 

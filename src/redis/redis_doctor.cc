@@ -44,6 +44,86 @@ std::string expected_type(const std::string& key, const std::string& prefix) {
   return "";
 }
 
+// What a scan of the pool's keys found: how many there are, and each one that is damaged, with
+// what it does to the pool and what to do about it.
+struct KeyScan {
+  std::size_t keys = 0;
+  std::vector<std::string> findings;
+};
+
+// Keys that gpulock always writes with an expiry: one without blocks something forever.
+bool expires(const std::string& rest) {
+  return rest.starts_with("lock:") || rest.starts_with("lease:") || rest.starts_with("ended:") ||
+         rest.starts_with("ticket:") || rest.starts_with("wake:") || rest.starts_with("served:");
+}
+
+KeyScan scan_keys(RedisConnection& connection, const std::string& prefix) {
+  KeyScan scan;
+  const auto shown = [&](const std::string& key) { return sanitize_for_display(key, 120); };
+  std::string cursor = "0";
+  do {
+    const RedisValue page =
+        connection.command({"SCAN", cursor, "MATCH", prefix + "*", "COUNT", "1000"});
+    if (page.is_error() || page.elements.size() != 2) break;
+    cursor = page.elements[0].text;
+    for (const auto& entry : page.elements[1].elements) {
+      ++scan.keys;
+      const std::string& key = entry.text;
+      const std::string rest = key.substr(prefix.size());
+      const std::string expected = expected_type(key, prefix);
+      const std::string actual = connection.command({"TYPE", key}).text;
+      if (actual == "none") continue;  // gone since the scan listed it
+      if (expected != actual) {
+        scan.findings.push_back(
+            rest == "hosts"
+                ? fmt::format("{} holds a {}, not the pool's list of hosts (a sorted set): the "
+                              "next registration rebuilds it from the hosts' own keys",
+                              shown(key), actual)
+            : rest.starts_with("lock:")
+                ? fmt::format("{} holds a {}: its GPU is never given out; delete the key once "
+                              "nobody uses the GPU",
+                              shown(key), actual)
+            : rest.starts_with("shares:") || rest.starts_with("share_units:")
+                ? fmt::format("{} holds a {}: while the GPU is held by shared leases, no lease "
+                              "is given it; the key is replaced once they have ended",
+                              shown(key), actual)
+                : fmt::format("{} holds a {}, not a {}: the scripts replace or ignore it",
+                              shown(key), actual,
+                              expected.empty() ? "key gpulock uses" : expected));
+        continue;
+      }
+      const bool no_expiry = expires(rest) && connection.command({"PTTL", key}).integer == -1;
+      if (rest.starts_with("lock:")) {
+        const std::string holder = connection.command({"GET", key}).text;
+        const std::string gpu = sanitize_for_display(rest.substr(5), 80);
+        if (!is_lease_id(holder) && holder != redis_scripts::kSharedMark) {
+          scan.findings.push_back(fmt::format(
+              "{} holds '{}', not a lease: GPU {} is never given out; delete the key once nobody "
+              "uses the GPU",
+              shown(key), sanitize_for_display(holder, 40), gpu));
+        } else if (is_lease_id(holder) &&
+                   connection.command({"EXISTS", prefix + "lease:" + holder}).integer == 0) {
+          scan.findings.push_back(fmt::format(
+              "{} names lease {}, which has no record: GPU {} is blocked until the key expires{}",
+              shown(key), holder, gpu,
+              no_expiry ? " (it had no expiry: it was given one lease TTL now)" : ""));
+        } else if (no_expiry) {
+          scan.findings.push_back(fmt::format(
+              "{} had no expiry, which gpulock never writes: it was given its holder's now",
+              shown(key)));
+        }
+      } else if (no_expiry) {
+        scan.findings.push_back(fmt::format(
+            "{} has no expiry, which gpulock never writes: {}", shown(key),
+            rest.starts_with("ticket:")
+                ? "it was given a ticket's now (its waiter, if alive, keeps renewing it)"
+                : "delete it if it stays"));
+      }
+    }
+  } while (cursor != "0");
+  return scan;
+}
+
 }  // namespace
 
 std::vector<DoctorCheck> RedisBackend::doctor() {
@@ -89,14 +169,25 @@ std::vector<DoctorCheck> RedisBackend::doctor() {
     add(round_trips[10] < 50 ? Level::kOk : Level::kWarning, "round trip",
         fmt::format("median {:.3f} ms over 20 PINGs", round_trips[10]));
 
+    // Damaged keys, looked at before this doctor's own registration and snapshot repair what
+    // they can (a `hosts` key rebuilt, a lock key without an expiry given one).
+    const KeyScan scan = scan_keys(*connection, settings_.prefix());
+
     // The scripts, and the permissions they need (EVALSHA, the pool's keys, PUBLISH).
-    const std::vector<Device> local = register_devices(*connection, /*force=*/true);
-    const Snapshot snap = snapshot(*connection, {}, "", local);
-    add(Level::kOk, "scripts",
-        fmt::format("registered {} GPU{} of this host; the pool has {} host{} and {} GPU{}",
-                    local.size(), local.size() == 1 ? "" : "s", snap.hosts.size(),
-                    snap.hosts.size() == 1 ? "" : "s", snap.gpus.size(),
-                    snap.gpus.size() == 1 ? "" : "s"));
+    // A refusal is reported, and the checks below still run: they say what is missing.
+    Snapshot snap;
+    try {
+      const std::vector<Device> local = register_devices(*connection, /*force=*/true);
+      snap = snapshot(*connection, {}, "", local);
+      add(Level::kOk, "scripts",
+          fmt::format("registered {} GPU{} of this host; the pool has {} host{} and {} GPU{}",
+                      local.size(), local.size() == 1 ? "" : "s", snap.hosts.size(),
+                      snap.hosts.size() == 1 ? "" : "s", snap.gpus.size(),
+                      snap.gpus.size() == 1 ? "" : "s"));
+    } catch (const Error& error) {
+      if (error.code() != ErrorCode::kEnvironment || connection->broken()) throw;
+      add(Level::kFailed, "scripts", error.what());
+    }
     // Waiters are woken by messages on the pool's channel: send one round, as they would.
     const std::string channel = settings_.prefix() + "events";
     try {
@@ -148,6 +239,7 @@ std::vector<DoctorCheck> RedisBackend::doctor() {
     // ignores a copy that is garbage and counts on from the other one (or the server's time).
     std::vector<std::string> unusable;
     std::optional<std::uint64_t> last;
+    const char* last_name = "token";  // the key that holds `last`
     for (const char* name : {"token", "token_copy"}) {
       const RedisValue value = connection->command({"GET", settings_.prefix() + name});
       if (value.is_nil()) continue;
@@ -161,6 +253,7 @@ std::vector<DoctorCheck> RedisBackend::doctor() {
                 : fmt::format("'{}', not a count", sanitize_for_display(value.text, 40))));
       } else if (!last || *count > *last) {
         last = count;
+        last_name = name;
       }
     }
     if (!unusable.empty()) {
@@ -173,43 +266,43 @@ std::vector<DoctorCheck> RedisBackend::doctor() {
                                          "again if an earlier one was larger")));
     } else if (last && *last == kLastFencingToken) {
       add(Level::kFailed, "fencing tokens",
-          fmt::format("{}token is {}, the largest 64-bit token: every acquire fails until an "
+          fmt::format("{}{} is {}, the largest 64-bit token: every acquire fails until an "
                       "administrator starts the pool's tokens anew (and its jobs' storage accepts "
                       "smaller tokens)",
-                      settings_.prefix(), *last));
+                      settings_.prefix(), last_name, *last));
     } else if (!last) {
       add(Level::kOk, "fencing tokens", "none given out yet in this pool");
     } else {
       add(Level::kOk, "fencing tokens", fmt::format("the last one given out is {}", *last));
     }
 
-    // Keys under the prefix that hold the wrong kind of value.
-    std::size_t keys = 0;
-    std::vector<std::string> wrong;
-    std::string cursor = "0";
-    do {
-      const RedisValue page =
-          connection->command({"SCAN", cursor, "MATCH", settings_.prefix() + "*", "COUNT", "1000"});
-      if (page.is_error() || page.elements.size() != 2) break;
-      cursor = page.elements[0].text;
-      for (const auto& key : page.elements[1].elements) {
-        ++keys;
-        const std::string expected = expected_type(key.text, settings_.prefix());
-        const std::string actual = connection->command({"TYPE", key.text}).text;
-        bool bad = expected != actual;
-        if (!bad && key.text.starts_with(settings_.prefix() + "lock:")) {
-          const std::string holder = connection->command({"GET", key.text}).text;
-          bad = !is_lease_id(holder) && holder != redis_scripts::kSharedMark;
-        }
-        if (bad && wrong.size() < 10)
-          wrong.push_back(fmt::format("{} ({})", sanitize_for_display(key.text, 120), actual));
-      }
-    } while (cursor != "0");
-    add(wrong.empty() ? Level::kOk : Level::kWarning, "keys",
-        wrong.empty() ? fmt::format("{} keys under {}, all well-formed", keys, settings_.prefix())
-                      : fmt::format("unexpected content in: {}. GPUs whose lock key holds "
-                                    "garbage are never given out; delete such keys by hand",
-                                    fmt::join(wrong, ", ")));
+    // What the scan found, and what the snapshot says about shared GPUs.
+    std::vector<std::string> findings = scan.findings;
+    for (const Gpu& gpu : snap.gpus) {
+      if (gpu.lock == redis_scripts::kDamagedShares)
+        findings.push_back(fmt::format(
+            "{}shares:{} and {}share_units:{} are damaged (a wrong type, members that disagree, "
+            "or units that are no count): no lease is given GPU {} of host {} until its shared "
+            "leases end, and they keep it; it recovers by itself then",
+            settings_.prefix(), gpu.device.uuid, settings_.prefix(), gpu.device.uuid,
+            gpu.device.index, gpu.host));
+      else if (gpu.shared() && gpu.shares.empty())
+        findings.push_back(fmt::format(
+            "{}lock:{} marks GPU {} of host {} shared, but no reservation lives: it is blocked "
+            "until the key expires, in {} ms",
+            settings_.prefix(), gpu.device.uuid, gpu.device.index, gpu.host, gpu.lock_ttl_ms));
+    }
+    if (findings.empty()) {
+      add(Level::kOk, "keys",
+          fmt::format("{} keys under {}, all well-formed", scan.keys, settings_.prefix()));
+    } else {
+      constexpr std::size_t kShown = 20;
+      for (std::size_t i = 0; i < findings.size() && i < kShown; ++i)
+        add(Level::kWarning, "keys", findings[i]);
+      if (findings.size() > kShown)
+        add(Level::kWarning, "keys",
+            fmt::format("and {} more damaged keys", findings.size() - kShown));
+    }
     for (const auto& warning : snap.warnings) add(Level::kWarning, "pool", warning);
   } catch (const Error& error) {
     add(Level::kFailed, "server", error.what());

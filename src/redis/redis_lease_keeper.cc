@@ -14,6 +14,7 @@
 #include "gpulock/error.hpp"
 #include "redis/redis_scripts.h"
 #include "util/current_pid.h"
+#include "util/random_id.h"
 #include "util/signals_blocked.h"
 #include "util/strings.h"
 
@@ -172,7 +173,9 @@ std::uint64_t RedisLeaseKeeper::verify() {
       // Held by shared leases: this one's reservation must be among them.
       const RedisValue score =
           connection->command({"ZSCORE", prefix + "shares:" + terms_.uuids[i], terms_.lease_id});
-      if (score.type == RedisValue::Type::kString) continue;
+      // An error: the GPU's reservation keys are damaged. No lease is given the GPU while they
+      // are (every script sees the damage), and renewals keep its mark: this one holds it.
+      if (score.type == RedisValue::Type::kString || score.is_error()) continue;
       const std::string why = fmt::format("its reservation on GPU {} is gone", terms_.uuids[i]);
       declare_lost(why);
       throw lost_error(why);
@@ -269,13 +272,31 @@ void RedisLeaseKeeper::run() {
                                       : std::string();
       if (outcome == "ok" || outcome == "restored") {
         renewed = true;
+      } else if (outcome == "damaged") {
+        renewed = true;
+        if (!warned_damage_) {
+          warned_damage_ = true;
+          std::fprintf(
+              stderr,
+              "gpulock: warning: lease %s: the reservation keys of GPU %s in Redis are "
+              "damaged (see `gpulock doctor`); the lease keeps the GPU, and no other "
+              "lease is given it until they are repaired or its shared leases end\n",
+              terms_.lease_id.c_str(),
+              sanitize_for_display(
+                  reply.elements.size() > 1 ? reply.elements[1].text : std::string("?"), 80)
+                  .c_str());
+        }
       } else if (outcome == "lost") {
         const std::string uuid = reply.elements.size() > 1 ? reply.elements[1].text : "?";
         const std::string holder = reply.elements.size() > 2 ? reply.elements[2].text : "?";
-        lost_reason = holder == "released" ? "it was released by `gpulock release`"
-                      : holder == "expired"
-                          ? fmt::format("its reservation on GPU {} expired", uuid)
-                          : fmt::format("GPU {} is held by another lease ({})", uuid, holder);
+        lost_reason = holder == "released"  ? "it was released by `gpulock release`"
+                      : holder == "expired" ? fmt::format("its reservation on GPU {} expired", uuid)
+                      : is_lease_id(holder)
+                          ? fmt::format("GPU {} is held by another lease ({})", uuid, holder)
+                          : fmt::format(
+                                "the lock key of GPU {} in Redis was overwritten with something "
+                                "that is not a lease (see `gpulock doctor`)",
+                                uuid);
       } else {
         warn_once("the renew script gave an unexpected reply");
       }

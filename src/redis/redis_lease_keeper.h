@@ -90,6 +90,7 @@ class RedisLeaseKeeper final : public LeaseKeeper {
   std::uint64_t renewals_tried_ = 0;    // renewals that ended, confirmed or not
   bool disowned_ = false;
   bool warned_ = false;
+  bool warned_damage_ = false;  // about damaged reservation keys, once per lease
   std::string record_json_;
   std::function<void(const std::string&)> on_lost_;
   // When the last renewal the server confirmed was sent (its time_since_epoch, for lost()).

@@ -9,11 +9,12 @@
 
 namespace gpulock {
 
-void RedisOutage::wait_to_retry(const Error& error, Clock::time_point deadline) {
+void RedisOutage::wait_to_retry(const Error& error, Clock::time_point deadline, bool refused) {
   if (!ongoing_)
     std::fprintf(stderr, "gpulock: warning: %s; still waiting, retrying every second\n",
                  error.what());
   ongoing_ = true;
+  refused_ = refused;
   refusal_.reset();  // from before the outage
   sleep_until(std::min(deadline, Clock::now() + std::chrono::seconds(1)));
 }
@@ -29,9 +30,19 @@ void RedisOutage::end(RedisConnectionLoan& connection, std::chrono::milliseconds
   if (pong.is_error())
     throw Error(ErrorCode::kEnvironment, fmt::format("Redis at {} is not ready: {}",
                                                      connection->endpoint().display(), pong.text));
-  std::fprintf(stderr, "gpulock: Redis at %s answers again\n",
-               connection->endpoint().display().c_str());
+  endpoint_ = connection->endpoint().display();
+  if (refused_) return;  // it answered all along: only a look at the pool ends a refusal
+  std::fprintf(stderr, "gpulock: Redis at %s answers again\n", endpoint_.c_str());
   ongoing_ = false;
+}
+
+void RedisOutage::left_waiting(Error refusal) {
+  refusal_ = std::move(refusal);
+  if (ongoing_ && refused_) {
+    std::fprintf(stderr, "gpulock: Redis at %s accepts requests again\n", endpoint_.c_str());
+    ongoing_ = false;
+    refused_ = false;
+  }
 }
 
 void RedisOutage::fail_at_deadline(const Error& error, bool last_look) const {

@@ -26,12 +26,15 @@ class RedisOutage {
       : hooks_(hooks), interrupted_(interrupted) {}
 
   // The server failed with `error`: warns the first time, then sleeps until the next retry (a
-  // second from now, never past `deadline`).
-  void wait_to_retry(const Error& error, Clock::time_point deadline);
+  // second from now, never past `deadline`). `refused`: the server answered, with an error
+  // (out of memory under `maxmemory`, a read-only replica, a script that failed): then a PING
+  // proves nothing, and the outage ends only when a look at the pool is answered.
+  void wait_to_retry(const Error& error, Clock::time_point deadline, bool refused = false);
 
   // At the start of a round, if an outage is ongoing: connects `connection` again (within
   // `connect_budget`, its calls bounded by `deadline` again), and once the server has answered
-  // a PING says that it answers. Throws, as the connection does, if it still does not.
+  // a PING says that it answers (unless the outage is a refusal; see wait_to_retry). Throws, as
+  // the connection does, if it still does not.
   void end(RedisConnectionLoan& connection, std::chrono::milliseconds connect_budget,
            const std::optional<Clock::time_point>& deadline);
 
@@ -40,7 +43,7 @@ class RedisOutage {
 
   // The server answered a look at the pool that left the request waiting: `refusal` (a
   // kTimedOut error) says why, for fail_at_deadline. An outage forgets it (wait_to_retry).
-  void left_waiting(Error refusal) { refusal_ = std::move(refusal); }
+  void left_waiting(Error refusal);
 
   // The request's deadline has passed and a call failed with `error`. If that call belongs to
   // the request's last look at the pool (`last_look`: the round begun at the deadline, whose calls
@@ -54,6 +57,8 @@ class RedisOutage {
   const WaitHooks& hooks_;
   const char* interrupted_;
   bool ongoing_ = false;
+  bool refused_ = false;          // the ongoing outage is a server that answers with errors
+  std::string endpoint_;          // the server's address, as end() last reached it
   std::optional<Error> refusal_;  // see left_waiting
 };
 

@@ -67,6 +67,10 @@ namespace {
   "  return string.match(info, 'run_id:(%x+)') or '',\n"                                          \
   "         tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0\n"                       \
   "end\n"                                                                                         \
+  "-- Whether v is a lease id as gpulock makes them (16 lowercase hex digits).\n"                 \
+  "local function is_lease_id(v)\n"                                                               \
+  "  return type(v) == 'string' and #v == 16 and string.find(v, '^[0-9a-f]+$') ~= nil\n"          \
+  "end\n"                                                                                         \
   "local function own_key(k, kind)\n"                                                             \
   "  local t = redis.call('TYPE', k).ok\n"                                                        \
   "  if t ~= kind and t ~= 'none' then redis.call('DEL', k) end\n"                                \
@@ -106,14 +110,14 @@ namespace {
   "end\n"                                                                           \
   "-- The next token: above the last one issued (either copy that is valid) and\n"  \
   "-- at least the server's time in microseconds; nil and the last one past\n"      \
-  "-- 2^64 - 1. Writes nothing.\n"                                                  \
+  "-- 2^64 - 1, with the name of the key that holds it. Writes nothing.\n"          \
   "local function next_token()\n"                                                   \
   "  local text = token_of(T[1] .. string.format('%06d', tonumber(T[2]))) or '1'\n" \
   "  for _, k in ipairs(TOKEN_KEYS) do\n"                                           \
   "    local last = read_token(k)\n"                                                \
   "    if last then\n"                                                              \
   "      local after = token_next(last)\n"                                          \
-  "      if not after then return nil, last end\n"                                  \
+  "      if not after then return nil, last, string.sub(k, #P + 1) end\n"           \
   "      if token_less(text, after) then text = after end\n"                        \
   "    end\n"                                                                       \
   "  end\n"                                                                         \
@@ -192,63 +196,89 @@ namespace {
 // `share_units:UUID` gives its memory units. A reservation whose expiry passed counts for
 // nothing (as an expired lock), and goes at the next write that looks at the GPU. While no key
 // marks the GPU shared, whatever the two keys hold has expired.
-#define GPULOCK_LUA_SHARES                                                                     \
-  "local SHARED_MARK = '=shared'\n"                                                            \
-  "local function share_keys(uuid)\n"                                                          \
-  "  return P .. 'shares:' .. uuid, P .. 'share_units:' .. uuid\n"                             \
-  "end\n"                                                                                      \
-  "-- The live reservations {id, units, expiry ms}; with `purge`, expired ones are removed.\n" \
-  "local function live_shares(uuid, purge)\n"                                                  \
-  "  local S, U = share_keys(uuid)\n"                                                          \
-  "  if redis.call('TYPE', S).ok ~= 'zset' or redis.call('TYPE', U).ok ~= 'hash' then\n"       \
-  "    if purge then redis.call('DEL', S, U) end\n"                                            \
-  "    return {}\n"                                                                            \
-  "  end\n"                                                                                    \
-  "  if purge then\n"                                                                          \
-  "    for _, id in ipairs(redis.call('ZRANGEBYSCORE', S, '-inf', now_ms)) do\n"               \
-  "      redis.call('ZREM', S, id)\n"                                                          \
-  "      redis.call('HDEL', U, id)\n"                                                          \
-  "    end\n"                                                                                  \
-  "  end\n"                                                                                    \
-  "  local out = {}\n"                                                                         \
-  "  local m = redis.call('ZRANGEBYSCORE', S, '(' .. now_ms, '+inf', 'WITHSCORES')\n"          \
-  "  for i = 1, #m, 2 do\n"                                                                    \
-  "    local units = tonumber(redis.call('HGET', U, m[i]) or '') or 0\n"                       \
-  "    table.insert(out, {m[i], units, tonumber(m[i + 1])})\n"                                 \
-  "  end\n"                                                                                    \
-  "  return out\n"                                                                             \
-  "end\n"                                                                                      \
-  "-- After a reservation ended: the mark lasts as long as the last one left, or goes.\n"      \
-  "local function settle_mark(uuid)\n"                                                         \
-  "  local S, U = share_keys(uuid)\n"                                                          \
-  "  local live = live_shares(uuid, true)\n"                                                   \
-  "  local M = P .. 'lock:' .. uuid\n"                                                         \
-  "  if #live == 0 then\n"                                                                     \
-  "    redis.call('DEL', S, U)\n"                                                              \
-  "    if get(M) == SHARED_MARK then redis.call('DEL', M) end\n"                               \
-  "    return\n"                                                                               \
-  "  end\n"                                                                                    \
-  "  local last = 0\n"                                                                         \
-  "  for _, r in ipairs(live) do last = math.max(last, r[3]) end\n"                            \
-  "  if get(M) == SHARED_MARK then redis.call('PEXPIREAT', M, last) end\n"                     \
-  "  redis.call('PEXPIREAT', S, last)\n"                                                       \
-  "  redis.call('PEXPIREAT', U, last)\n"                                                       \
-  "end\n"                                                                                      \
-  "-- The reservations' keys go with the mark (no GPU keeps them once nobody writes to it).\n" \
-  "local function expire_with_mark(uuid)\n"                                                    \
-  "  local S, U = share_keys(uuid)\n"                                                          \
-  "  local left = redis.call('PTTL', P .. 'lock:' .. uuid)\n"                                  \
-  "  if left > 0 then\n"                                                                       \
-  "    redis.call('PEXPIRE', S, left)\n"                                                       \
-  "    redis.call('PEXPIRE', U, left)\n"                                                       \
-  "  end\n"                                                                                    \
+#define GPULOCK_LUA_SHARES                                                                       \
+  "local SHARED_MARK = '=shared'\n"                                                              \
+  "local function share_keys(uuid)\n"                                                            \
+  "  return P .. 'shares:' .. uuid, P .. 'share_units:' .. uuid\n"                               \
+  "end\n"                                                                                        \
+  "-- The live reservations {id, units, expiry ms}, and whether the two keys are damaged:\n"     \
+  "-- of the wrong type, disagreeing (a member of one missing from the other), or with units\n"  \
+  "-- that are no count. Then nobody can tell what the GPU's shared leases hold: callers give\n" \
+  "-- the GPU to nobody and remove nothing. With `purge`, expired reservations are removed.\n"   \
+  "local function live_shares(uuid, purge)\n"                                                    \
+  "  local S, U = share_keys(uuid)\n"                                                            \
+  "  local ts, tu = redis.call('TYPE', S).ok, redis.call('TYPE', U).ok\n"                        \
+  "  if (ts ~= 'zset' and ts ~= 'none') or (tu ~= 'hash' and tu ~= 'none') or\n"                 \
+  "     redis.call('ZCARD', S) ~= redis.call('HLEN', U) then\n"                                  \
+  "    return {}, true\n"                                                                        \
+  "  end\n"                                                                                      \
+  "  if purge then\n"                                                                            \
+  "    for _, id in ipairs(redis.call('ZRANGEBYSCORE', S, '-inf', now_ms)) do\n"                 \
+  "      redis.call('ZREM', S, id)\n"                                                            \
+  "      redis.call('HDEL', U, id)\n"                                                            \
+  "    end\n"                                                                                    \
+  "  end\n"                                                                                      \
+  "  local out = {}\n"                                                                           \
+  "  local m = redis.call('ZRANGEBYSCORE', S, '(' .. now_ms, '+inf', 'WITHSCORES')\n"            \
+  "  for i = 1, #m, 2 do\n"                                                                      \
+  "    local units = redis.call('HGET', U, m[i])\n"                                              \
+  "    if not units or not string.find(units, '^%d+$') then return {}, true end\n"               \
+  "    table.insert(out, {m[i], tonumber(units), tonumber(m[i + 1])})\n"                         \
+  "  end\n"                                                                                      \
+  "  return out, false\n"                                                                        \
+  "end\n"                                                                                        \
+  "-- After a reservation ended: the mark lasts as long as the last one left, or goes.\n"        \
+  "local function settle_mark(uuid)\n"                                                           \
+  "  local S, U = share_keys(uuid)\n"                                                            \
+  "  local live, damaged = live_shares(uuid, true)\n"                                            \
+  "  -- Damaged: the mark lasts its TTL (the end of the last reservation renewed).\n"            \
+  "  if damaged then return end\n"                                                               \
+  "  local M = P .. 'lock:' .. uuid\n"                                                           \
+  "  if #live == 0 then\n"                                                                       \
+  "    redis.call('DEL', S, U)\n"                                                                \
+  "    if get(M) == SHARED_MARK then redis.call('DEL', M) end\n"                                 \
+  "    return\n"                                                                                 \
+  "  end\n"                                                                                      \
+  "  local last = 0\n"                                                                           \
+  "  for _, r in ipairs(live) do last = math.max(last, r[3]) end\n"                              \
+  "  if get(M) == SHARED_MARK then redis.call('PEXPIREAT', M, last) end\n"                       \
+  "  redis.call('PEXPIREAT', S, last)\n"                                                         \
+  "  redis.call('PEXPIREAT', U, last)\n"                                                         \
+  "end\n"                                                                                        \
+  "-- The reservations' keys go with the mark (no GPU keeps them once nobody writes to it).\n"   \
+  "local function expire_with_mark(uuid)\n"                                                      \
+  "  local S, U = share_keys(uuid)\n"                                                            \
+  "  local left = redis.call('PTTL', P .. 'lock:' .. uuid)\n"                                    \
+  "  if left > 0 then\n"                                                                         \
+  "    redis.call('PEXPIRE', S, left)\n"                                                         \
+  "    redis.call('PEXPIRE', U, left)\n"                                                         \
+  "  end\n"                                                                                      \
   "end\n"
 
 }  // namespace
 
 const RedisScript kRegister{"register", GPULOCK_LUA_PRELUDE R"lua(
+-- First, before any write (a script error undoes nothing): a user whom the server refuses the
+-- pool's channel fails here, not after writing its registration.
+redis.call('PUBLISH', P .. 'events', 'registering')
 local host = ARGV[1]
-own_key(P .. 'hosts', 'zset')
+-- The pool's list of hosts holding something else (damaged by hand): rebuilt from the hosts'
+-- own keys, so that the other hosts stay in the pool. The reply says so.
+local rebuilt = false
+local type_of_hosts = redis.call('TYPE', P .. 'hosts').ok
+if type_of_hosts ~= 'zset' and type_of_hosts ~= 'none' then
+  redis.call('DEL', P .. 'hosts')
+  local cursor = '0'
+  repeat
+    local page = redis.call('SCAN', cursor, 'MATCH', P .. 'host:*', 'COUNT', 1000)
+    cursor = page[1]
+    for _, k in ipairs(page[2]) do
+      local at = tonumber(hmget(k, 'registered_at')[1] or '')
+      if at then redis.call('ZADD', P .. 'hosts', at, string.sub(k, #P + 6)) end
+    end
+  until cursor == '0'
+  rebuilt = type_of_hosts
+end
 redis.call('ZADD', P .. 'hosts', now_ms, host)
 own_key(P .. 'host:' .. host, 'hash')
 redis.call('HSET', P .. 'host:' .. host, 'info', ARGV[2], 'registered_at', now_ms)
@@ -293,10 +323,11 @@ end
 -- gpus_at is registered_at's value: a registration by an older gpulock (no package) since
 -- changes registered_at only, and the snapshot then knows this package is stale.
 redis.call('HSET', P .. 'host:' .. host, 'gpus', table.concat(parts), 'gpus_at', now_ms)
-if changed then
+if changed or rebuilt then
   bump('register')
   wake_queue_head('', 1)
 end
+if rebuilt then return {changed and 1 or 0, rebuilt} end
 return changed and 1 or 0
 )lua"};
 
@@ -310,6 +341,9 @@ if not whole then
 end
 local users = {}
 if ARGV[2] and ARGV[2] ~= '' then users[ARGV[2]] = true end
+-- ARGV[3], if given: the caller's lease TTL (ms), the grace a lock key without an expiry gets.
+local grace = tonumber(ARGV[3] or '')
+if grace and (grace < 500 or grace > 86400000) then grace = nil end
 local tickets_out = {}
 local members = redis.pcall('ZRANGE', P .. 'queue', 0, -1, 'WITHSCORES')
 if members.err then members = {} end
@@ -358,6 +392,13 @@ for i = 1, #members, 2 do
       ttl = ttl - now_ms
     else
       ttl = redis.call('PTTL', P .. 'ticket:' .. id)
+      -- A ticket without an expiry (no script writes one) would wait ahead of everyone, and
+      -- stop every shared acquire, forever: it gets a ticket's TTL, which a living waiter's
+      -- heartbeat keeps renewing.
+      if ttl == -1 then
+        redis.call('PEXPIRE', P .. 'ticket:' .. id, 6000)
+        ttl = 6000
+      end
     end
     -- A restored ticket not renewed yet ends, for waiters timing their wake, when it can be
     -- dropped (it is, then, unless its waiter renews it meanwhile).
@@ -442,10 +483,39 @@ for _, entry in ipairs(listed) do
       local ttl = -2  -- no key: only a held GPU's lock has a TTL worth asking for
       if lock ~= '' then ttl = redis.call('PTTL', P .. 'lock:' .. uuid) end
       local holders, shares = nil, ''
-      if lock == SHARED_MARK then
+      local live, damaged = {}, false
+      if lock == SHARED_MARK then live, damaged = live_shares(uuid, false) end
+      -- A lock key without an expiry, which no script writes (PERSIST, or planted by hand),
+      -- would block its GPU forever: it gets the expiry its holder's renewals keep (the lease's,
+      -- or its last reservation's), or, when nothing holds it, `grace` (the caller's lease TTL,
+      -- time enough for a holder to renew). A damaged one stays as it is (see doctor).
+      if ttl == -1 and grace then
+        local M = P .. 'lock:' .. uuid
+        if lock == SHARED_MARK and not damaged then
+          local last = 0
+          for _, r in ipairs(live) do last = math.max(last, r[3]) end
+          if last > 0 then
+            redis.call('PEXPIREAT', M, last)
+          else
+            redis.call('PEXPIRE', M, grace)
+          end
+        elseif is_lease_id(lock) then
+          local left = redis.call('PTTL', P .. 'lease:' .. lock)
+          if left > 0 then
+            redis.call('PEXPIRE', M, left)
+          elseif left == -2 then
+            redis.call('PEXPIRE', M, grace)
+          end
+        end
+        ttl = redis.call('PTTL', M)
+      end
+      if damaged then
+        -- Nobody can tell what its shared leases hold: given to nobody until the mark ends.
+        lock = '!shares'
+      elseif lock == SHARED_MARK then
         local lines = {}
         holders = {}
-        for _, r in ipairs(live_shares(uuid, false)) do
+        for _, r in ipairs(live) do
           holders[#holders + 1] = r[1]
           lines[#lines + 1] = r[1] .. ' ' .. string.format('%d %d', r[2], r[3] - now_ms)
         end
@@ -574,8 +644,8 @@ end
 if #chosen < needed then return finish({'busy'}) end
 if redis.call('EXISTS', P .. 'lease:' .. id) == 1 then return finish({'busy'}) end
 -- Past 2^64 - 1 there is no next token: fail before writing anything.
-local token_text, last_token = next_token()
-if not token_text then return finish({'exhausted', last_token}) end
+local token_text, last_token, last_key = next_token()
+if not token_text then return finish({'exhausted', last_token, last_key}) end
 for _, k in ipairs(TOKEN_KEYS) do redis.call('SET', k, token_text) end
 for _, uuid in ipairs(chosen) do redis.call('SET', P .. 'lock:' .. uuid, id, 'PX', ttl) end
 own_key(P .. 'lease:' .. id, 'hash')
@@ -599,6 +669,7 @@ return finish(out)
 )lua"};
 
 const RedisScript kRelease{"release", GPULOCK_LUA_PRELUDE GPULOCK_LUA_SHARES R"lua(
+redis.call('PUBLISH', P .. 'events', 'releasing')  -- first: see register
 local id = ARGV[1]
 local uuids = {}
 for i = 2, #ARGV do table.insert(uuids, ARGV[i]) end
@@ -615,13 +686,17 @@ for _, uuid in ipairs(uuids) do
     redis.call('DEL', P .. 'lock:' .. uuid)
     released = released + 1
   elseif lock == SHARED_MARK then
-    -- A shared lease: its reservation goes, the others stay.
+    -- A shared lease: its reservation goes, the others stay. Keys that are damaged are left
+    -- as they are: the GPU's mark lasts its TTL, and the GPU goes to nobody until then.
     local S, U = share_keys(uuid)
-    if redis.pcall('ZREM', S, id) == 1 then
-      redis.pcall('HDEL', U, id)
-      released = released + 1
+    local _, damaged = live_shares(uuid, false)
+    if not damaged then
+      if redis.call('ZREM', S, id) == 1 then
+        redis.call('HDEL', U, id)
+        released = released + 1
+      end
+      settle_mark(uuid)
     end
-    settle_mark(uuid)
   end
 end
 local fields = hmget(P .. 'lease:' .. id, 'ttl', 'user', 'host')
@@ -688,14 +763,17 @@ for i = 9, #ARGV - 3, 4 do
   local lock = get(P .. 'lock:' .. uuid)
   if capacity and wanted and (lock == '' or lock == SHARED_MARK) and
      redis.call('EXISTS', P .. 'gpu:' .. uuid) == 1 then
-    local held, jobs = 0, 0
+    local held, jobs, damaged = 0, 0, false
     if lock == SHARED_MARK then
-      for _, r in ipairs(live_shares(uuid, true)) do
+      local live
+      live, damaged = live_shares(uuid, true)
+      for _, r in ipairs(live) do
         held = held + r[2]
         jobs = jobs + 1
       end
     end
-    if capacity - held >= wanted and (not cap or jobs < cap) then
+    -- Damaged reservation keys: what the GPU's shared leases hold is unknown, so none fits.
+    if not damaged and capacity - held >= wanted and (not cap or jobs < cap) then
       if not fitting[host] then
         fitting[host] = {}
         table.insert(hosts, host)
@@ -722,8 +800,8 @@ for _, host in ipairs(hosts) do
   end
 end
 if not chosen or needed < 1 then return {'busy'} end
-local token_text, last_token = next_token()
-if not token_text then return {'exhausted', last_token} end
+local token_text, last_token, last_key = next_token()
+if not token_text then return {'exhausted', last_token, last_key} end
 for _, k in ipairs(TOKEN_KEYS) do redis.call('SET', k, token_text) end
 local uuids, units = {}, {}
 for _, c in ipairs(chosen) do
@@ -764,15 +842,23 @@ const RedisScript kRenewShared{
     GPULOCK_LUA_PRELUDE GPULOCK_LUA_TOKENS GPULOCK_LUA_RENEWAL GPULOCK_LUA_SHARES R"lua(
 local id, ttl = ARGV[1], tonumber(ARGV[2])
 if redis.call('EXISTS', P .. 'ended:' .. id) == 1 then return {'lost', '', 'released'} end
-local marked = {}
+local marked, damaged, first_damaged = {}, {}, nil
 for i = 7, #ARGV - 1, 2 do
   local uuid = ARGV[i]
   local lock = get(P .. 'lock:' .. uuid)
   if lock == SHARED_MARK then
-    local S = share_keys(uuid)
-    local expiry = tonumber(redis.pcall('ZSCORE', S, id)) or nil
-    -- Expired: its memory counted as free from then on, and may be someone else's now.
-    if not expiry or expiry <= now_ms then return {'lost', uuid, 'expired'} end
+    local _, bad = live_shares(uuid, false)
+    if bad then
+      -- Damaged keys: this reservation cannot be read, but no lease is given the GPU while
+      -- they are (every script sees the same damage), so the lease keeps it and the mark.
+      damaged[uuid] = true
+      first_damaged = first_damaged or uuid
+    else
+      local S = share_keys(uuid)
+      local expiry = tonumber(redis.call('ZSCORE', S, id))
+      -- Expired: its memory counted as free from then on, and may be someone else's now.
+      if not expiry or expiry <= now_ms then return {'lost', uuid, 'expired'} end
+    end
     marked[uuid] = true
   elseif lock ~= '' then
     return {'lost', uuid, lock}
@@ -792,19 +878,24 @@ for i = 7, #ARGV - 1, 2 do
     redis.call('SET', M, SHARED_MARK, 'PX', ttl)
     restored = true
   end
-  redis.call('ZADD', S, now_ms + ttl, id)
-  redis.call('HSET', U, id, ARGV[i + 1])
-  expire_with_mark(uuid)
+  if not damaged[uuid] then
+    redis.call('ZADD', S, now_ms + ttl, id)
+    redis.call('HSET', U, id, ARGV[i + 1])
+    expire_with_mark(uuid)
+  end
   table.insert(uuids, uuid)
   table.insert(units, ARGV[i + 1])
 end
-return renew_lease(id, ttl, ARGV[5], ARGV[3],
-                   {'record', ARGV[4], 'token', ARGV[3], 'gpus', table.concat(uuids, ','),
-                    'units', table.concat(units, ','), 'user', ARGV[5], 'host', ARGV[6],
-                    'ttl', ARGV[2]}, restored)
+local reply = renew_lease(id, ttl, ARGV[5], ARGV[3],
+                          {'record', ARGV[4], 'token', ARGV[3], 'gpus', table.concat(uuids, ','),
+                           'units', table.concat(units, ','), 'user', ARGV[5], 'host', ARGV[6],
+                           'ttl', ARGV[2]}, restored)
+if first_damaged then return {'damaged', first_damaged} end
+return reply
 )lua"};
 
 const RedisScript kEnter{"enter", GPULOCK_LUA_PRELUDE R"lua(
+redis.call('PUBLISH', P .. 'events', 'entering')  -- first: see register
 -- ARGV[6], if given, is the version of the caller's snapshot: the reply says whether the pool
 -- was still that one (so that the caller's plan, with itself at the back, stands).
 -- ARGV[8], if given, is the snapshot's count of releases (`frees`): a release while nobody waited
@@ -847,6 +938,7 @@ return {seq, unchanged, current_version(), now_us, queued}
 )lua"};
 
 const RedisScript kLeave{"leave", GPULOCK_LUA_PRELUDE R"lua(
+redis.call('PUBLISH', P .. 'events', 'leaving')  -- first: see register
 redis.pcall('ZREM', P .. 'queue', ARGV[1])
 redis.call('DEL', P .. 'ticket:' .. ARGV[1], P .. 'wake:' .. ARGV[1])
 bump('leave')

@@ -15,10 +15,13 @@ namespace gpulock::redis_scripts {
 // ARGV: host, host info (JSON), then per GPU: UUID, static info (JSON), readings (JSON).
 // Replaces the host's GPU list, and writes the same registrations packed in `host:<H>`'s `gpus`
 // field (see kSnapshot); bumps the version and publishes "register" when the static
-// information changed. Returns 1 if it changed, else 0.
+// information changed. Returns 1 if it changed, else 0; or, when the pool's `hosts` key held
+// another type (it is rebuilt from the `host:<H>` keys), {0 or 1, that type}.
 extern const RedisScript kRegister;
 
-// ARGV: scope (host names, each followed by a newline; "" = every host), user (or ""). The
+// ARGV: scope (host names, each followed by a newline; "" = every host), user (or ""), and
+// optionally the caller's lease TTL in ms: a listed GPU's lock key without an expiry (which no
+// script writes) then gets the expiry of what holds it, or that TTL when nothing does. The
 // scope widens to the hosts every queued ticket may use, and to every host when a ticket may use
 // any. Returns {version, server time ms, hosts, gpus, leases, tickets, elsewhere, whole,
 // now_us, frees, served}:
@@ -28,7 +31,8 @@ extern const RedisScript kRegister;
 //   gpus:      flat {uuid, host, info, readings, readings_at ms, lock value, lock pttl,
 //              shares}... where info, readings and readings_at are "" for a host with packed
 //              registrations (they are there), and shares, for a GPU held by shared leases
-//              (lock value kSharedMark), has one line "LEASE_ID UNITS PTTL" per live reservation
+//              (lock value kSharedMark), has one line "LEASE_ID UNITS PTTL" per live reservation;
+//              the lock value is kGarbageLock or kDamagedShares for a GPU no lease may have
 //   leases:    flat {id, record, token, pttl, user}... for every lease holding a listed GPU
 //              (shared ones included); user is the lease's, as written (the record's is for
 //              display)
@@ -56,8 +60,8 @@ extern const RedisScript kSnapshot;
 // order...
 // Takes `needed` free candidates (all of them with "all"), or none. Returns
 // {"ok", token, UUIDs...}, {"busy"}, {"queue"} (someone waits: plan first), {"stale"}
-// (the version moved since the caller's snapshot: plan again) or {"exhausted", last token}
-// (the last token issued is 2^64 - 1: no next one; nothing was written). The token is decimal
+// (the version moved since the caller's snapshot: plan again) or {"exhausted", last token,
+// key} (the last token issued is 2^64 - 1: no next one; nothing was written). The token is decimal
 // text, one above the larger valid one of `token` and `token_copy` (garbage in either is
 // ignored) and at least the server's time in microseconds; both keys get it. The lease joins
 // `held:USER`. The version moves only when a plan could depend on it: a ticket was served,
@@ -83,6 +87,11 @@ extern const RedisScript kRenew;
 
 // The lock value of a GPU held by shared leases (never a lease id).
 inline constexpr const char* kSharedMark = "=shared";
+// The lock values a snapshot reports for a GPU no lease may be given: its lock key holds
+// something that is neither a lease id nor kSharedMark (a key of another type included), or it
+// is kSharedMark but its reservations' keys are damaged (then nobody can tell what they hold).
+inline constexpr const char* kGarbageLock = "!garbage";
+inline constexpr const char* kDamagedShares = "!shares";
 
 // ARGV: lease id, ttl ms, record (JSON), user, needed, jobs cap per GPU ("" = none), spread
 // ("1") or pack, limited ("1"), then per candidate: UUID, host, capacity (memory
@@ -91,7 +100,7 @@ inline constexpr const char* kSharedMark = "=shared";
 // reserves on `needed` candidates of one host (the first host, in the order given, with enough)
 // each not held exclusively, whose live reservations leave room for its units and, with a cap,
 // number fewer than the cap, packing (least room first) or spreading; or on none ({"busy"}).
-// Returns {"ok", token, UUID, units, UUID, units...} or {"exhausted", last token}, tokens as
+// Returns {"ok", token, UUID, units, UUID, units...} or {"exhausted", last token, key}, tokens as
 // kAcquire's. A reservation expires with the lease's TTL unless renewed (kRenewShared).
 extern const RedisScript kAcquireShared;
 
@@ -99,7 +108,8 @@ extern const RedisScript kAcquireShared;
 // lease's reservations (and each GPU's mark to at least the TTL); re-creates them where nobody
 // holds the GPU (the server restarted empty). Returns {"ok"}, {"restored"}, or {"lost", UUID,
 // holder}: a lease id (held exclusively), "expired" (the reservation's TTL passed) or, with
-// UUID "", "released".
+// UUID "", "released"; or {"damaged", UUID}: renewed, but that GPU's reservation keys are
+// damaged (the lease keeps the GPU's mark, and no other lease is given the GPU meanwhile).
 extern const RedisScript kRenewShared;
 
 // ARGV: ticket id, ttl ms, body (JSON), user, hosts it may be served from (each followed by a

@@ -24,8 +24,8 @@ namespace gpulock {
 
 LockState RedisBackend::lock_state_of(const Gpu& g, const Snapshot& snap) const {
   LockState lock;
-  if (g.lock == "!garbage") {
-    lock.error = "its lock key in Redis holds something that is not a lease (see gpulock doctor)";
+  if (const std::string unusable = g.unusable_reason(); !unusable.empty()) {
+    lock.error = unusable;
   } else if (g.shared()) {
     lock.locked = true;
     lock.shared = true;

@@ -213,18 +213,18 @@ TEST_F(RedisLeaseKeeperTest, ALockTakenByAnotherLeaseIsReportedLostOnce) {
   ASSERT_TRUE(keeper);
   LostLog lost;
   keeper->on_lost(lost.callback());
-  server_.command({"SET", keys_.lock(uuids_[1]), "other-lease", "PX", "60000"});
+  server_.command({"SET", keys_.lock(uuids_[1]), "0123456789abcdef", "PX", "60000"});
   EXPECT_TRUE(Eventually([&] { return keeper->lost(); }));
   EXPECT_TRUE(Eventually([&] { return lost.calls.load() >= 1; }, 5s));
   const std::string reason = lost.last();
-  EXPECT_NE(reason.find("other-lease"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("0123456789abcdef"), std::string::npos) << reason;
   EXPECT_NE(reason.find(uuids_[1]), std::string::npos) << reason;
   std::this_thread::sleep_for(2s);
   EXPECT_EQ(lost.calls.load(), 1);
   // It never steals the GPU back, even when destroyed.
-  EXPECT_EQ(Get(keys_.lock(uuids_[1])), "other-lease");
+  EXPECT_EQ(Get(keys_.lock(uuids_[1])), "0123456789abcdef");
   keeper.reset();
-  EXPECT_EQ(Get(keys_.lock(uuids_[1])), "other-lease");
+  EXPECT_EQ(Get(keys_.lock(uuids_[1])), "0123456789abcdef");
 }
 
 TEST_F(RedisLeaseKeeperTest, AReleaseBySomeoneElseIsReportedLost) {

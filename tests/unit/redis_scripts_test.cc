@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -694,11 +695,15 @@ TEST_F(RedisScriptsTest, ScriptsPublishEvents) {
   auto subscriber = server_.connect();
   subscriber->subscribe(keys_.events());
   Enter("tk");  // waiters are whom events are for
+  // Each script that writes publishes first (so that a user refused the channel fails before
+  // writing anything), and again with its change.
+  EXPECT_EQ(subscriber->next_message(std::chrono::seconds(10)), "entering");
   EXPECT_EQ(subscriber->next_message(std::chrono::seconds(10)), "enter");
   ASSERT_EQ(Take("lease-e", {U(0)}).at(0), "ok");
   EXPECT_EQ(subscriber->next_message(std::chrono::seconds(10)), "acquiring");
   EXPECT_EQ(subscriber->next_message(std::chrono::seconds(10)), "acquire");
   Release("lease-e", {U(0)});
+  EXPECT_EQ(subscriber->next_message(std::chrono::seconds(10)), "releasing");
   EXPECT_EQ(subscriber->next_message(std::chrono::seconds(10)), "release");
 }
 
@@ -879,17 +884,18 @@ TEST_F(RedisScriptsTest, FencingTokensAreExactOverTheWhole64BitRange) {
 
 TEST_F(RedisScriptsTest, NoTokenAfterTheLastOneAndNothingWritten) {
   Register("h1", 1);
-  for (const auto& [token, copy] :
-       std::vector<std::pair<std::string, std::string>>{{"18446744073709551615", ""},
-                                                        {"12", "18446744073709551615"},
-                                                        {"garbage", "18446744073709551615"}}) {
+  // The reply names the key that holds the last token.
+  for (const auto& [token, copy, holder] :
+       std::vector<std::array<std::string, 3>>{{"18446744073709551615", "", "token"},
+                                               {"12", "18446744073709551615", "token_copy"},
+                                               {"garbage", "18446744073709551615", "token_copy"}}) {
     Cmd({"FLUSHALL"});
     Register("h1", 1);
     Cmd({"SET", keys_.token(), token});
     if (!copy.empty()) Cmd({"SET", keys_.token_copy(), copy});
     const std::string version = Version();
     EXPECT_EQ(Take("lease-x", {U(0)}),
-              (std::vector<std::string>{"exhausted", "18446744073709551615"}))
+              (std::vector<std::string>{"exhausted", "18446744073709551615", holder}))
         << token << " " << copy;
     EXPECT_FALSE(Exists(keys_.lock(U(0))));
     EXPECT_FALSE(Exists(keys_.lease("lease-x")));
@@ -1062,8 +1068,8 @@ TEST_F(RedisScriptsTest, GarbageInHostAndGpuKeysDoesNotMakeScriptsFail) {
 }
 
 // A `hosts` key holding garbage (as anyone with write access to the prefix can leave) must not
-// make register fail, or every acquire and status of every host would: register replaces it,
-// as it does for host:<H>, gpus:<H> and gpu:<UUID>.
+// make register fail, or every acquire and status of every host would: register rebuilds it,
+// and replaces garbage in host:<H>, gpus:<H> and gpu:<UUID>.
 TEST_F(RedisScriptsTest, AGarbageHostsKeyDoesNotMakeRegisterFail) {
   Cmd({"SET", keys_.hosts(), "junk"});
   EXPECT_NO_THROW(Register("h1", 1));
@@ -1226,6 +1232,93 @@ TEST_F(RedisScriptsTest, RenewSharedRestoresAfterTheServerLostItsKeysAndStealsNo
   EXPECT_EQ(RenewShared("lease-sa", 60000, a.at(1), {{U(0), 10}, {U(1), 10}}),
             (std::vector<std::string>{"lost", U(1), "lease-x"}));
   EXPECT_EQ(Get(keys_.lock(U(1))), "lease-x");
+}
+
+// Issue 42, defect 1: reservation keys of the wrong type, with units that are no count, or
+// that disagree (a member of one missing from the other) must never free a GPU that shared
+// leases hold. A release then removes nothing, the mark stays, no lease of either kind is given
+// the GPU, the snapshot reports it unusable, and the holders keep it: their renewals say
+// "damaged" and extend the mark. Once the mark ends (its holders gone), the GPU is whole again.
+TEST_F(RedisScriptsTest, DamagedReservationKeysNeverFreeASharedGpu) {
+  const std::string S = keys_.prefix() + "shares:" + U(0);
+  const std::string Units = keys_.prefix() + "share_units:" + U(0);
+  const std::vector<std::vector<std::vector<std::string>>> damages{
+      {{"DEL", S}, {"SET", S, "junk"}},
+      {{"DEL", Units}, {"RPUSH", Units, "junk"}},
+      {{"HSET", Units, "lease-sa", "lots"}},
+      {{"HDEL", Units, "lease-sb"}},
+      {{"ZREM", S, "lease-sb"}},
+      {{"DEL", S}},
+      {{"DEL", Units}},
+  };
+  for (const auto& damage : damages) {
+    const std::string what = fmt::format("{}", fmt::join(damage.front(), " "));
+    Cmd({"FLUSHALL"});
+    ASSERT_EQ(Register("h1", 1).integer, 1);
+    const auto a = TakeShared("lease-sa", {U(0)}, 100);
+    ASSERT_EQ(a.at(0), "ok");
+    ASSERT_EQ(TakeShared("lease-sb", {U(0)}, 100).at(0), "ok");
+    for (const auto& command : damage) Cmd(command);
+    EXPECT_EQ(SnapshotLock(U(0)), redis_scripts::kDamagedShares) << what;
+    EXPECT_EQ(Take("lease-x", {U(0)}), (std::vector<std::string>{"busy"})) << what;
+    EXPECT_EQ(TakeShared("lease-sc", {U(0)}, 1), (std::vector<std::string>{"busy"})) << what;
+    EXPECT_EQ(Release("lease-sb", {U(0)}).integer, 0) << what;
+    EXPECT_EQ(Get(keys_.lock(U(0))), redis_scripts::kSharedMark) << what;
+    EXPECT_GT(Pttl(keys_.lock(U(0))), 0) << what;
+    EXPECT_EQ(Take("lease-x", {U(0)}), (std::vector<std::string>{"busy"})) << what;
+    EXPECT_EQ(RenewShared("lease-sa", 90000, a.at(1), {{U(0), 100}}),
+              (std::vector<std::string>{"damaged", U(0)}))
+        << what;
+    EXPECT_GT(Pttl(keys_.lock(U(0))), 60000) << what;  // the holder keeps the mark
+    // The mark ends (its holders are gone): the GPU is whole again, the keys rewritten.
+    Cmd({"DEL", keys_.lock(U(0))});
+    ASSERT_EQ(TakeShared("lease-sc", {U(0)}, 300).at(0), "ok") << what;
+    EXPECT_EQ(Cmd({"TYPE", S}).text, "zset") << what;
+    EXPECT_EQ(Hash(Units), (std::map<std::string, std::string>{{"lease-sc", "300"}})) << what;
+    EXPECT_EQ(SnapshotLock(U(0)), redis_scripts::kSharedMark) << what;
+  }
+}
+
+// Issue 42, defect 2: a lock key without an expiry (no script writes one) blocked its GPU
+// forever when nothing held it. A snapshot that is given the caller's lease TTL gives it the
+// expiry of what holds it (the lease, the last reservation) or, when nothing does, that TTL; a
+// lock key that holds garbage stays as it is (never free), and without the TTL nothing changes.
+TEST_F(RedisScriptsTest, ALockKeyWithoutAnExpiryGetsOne) {
+  ASSERT_EQ(Register("h1", 5).integer, 1);
+  const std::string orphan = "0123456789abcdef";
+  Cmd({"SET", keys_.lock(U(0)), orphan});                      // names no lease
+  Cmd({"SET", keys_.lock(U(1)), redis_scripts::kSharedMark});  // no reservation
+  ASSERT_EQ(Take("00000000000000aa", {U(2)}, 90000).at(0), "ok");
+  Cmd({"PERSIST", keys_.lock(U(2))});
+  ASSERT_EQ(TakeShared("00000000000000bb", {U(3)}, 10, 1, 90000).at(0), "ok");
+  Cmd({"PERSIST", keys_.lock(U(3))});
+  Cmd({"SET", keys_.lock(U(4)), "junk"});
+  Snapshot();  // an older client's: no TTL given, nothing changes
+  for (unsigned i = 0; i < 5; ++i) EXPECT_EQ(Pttl(keys_.lock(U(i))), -1) << i;
+  conn_->run(redis_scripts::kSnapshot, {keys_.version()}, {"", "", "5000"});
+  EXPECT_GT(Pttl(keys_.lock(U(0))), 0);
+  EXPECT_LE(Pttl(keys_.lock(U(0))), 5000);
+  EXPECT_GT(Pttl(keys_.lock(U(1))), 0);
+  EXPECT_LE(Pttl(keys_.lock(U(1))), 5000);
+  EXPECT_GT(Pttl(keys_.lock(U(2))), 60000);  // its lease's
+  EXPECT_GT(Pttl(keys_.lock(U(3))), 60000);  // its reservation's
+  EXPECT_EQ(Pttl(keys_.lock(U(4))), -1);
+  EXPECT_EQ(Get(keys_.lock(U(0))), orphan);  // blocked until then, never freed at once
+}
+
+// Issue 42, defect 3: a `hosts` key of the wrong type is rebuilt from the hosts' own keys, so
+// that the other hosts stay in the pool, and the reply says what it held.
+TEST_F(RedisScriptsTest, AGarbageHostsKeyIsRebuiltFromTheHostsKeys) {
+  ASSERT_EQ(Register("h1", 1).integer, 1);
+  ASSERT_EQ(Register("h2", 1).integer, 1);
+  Cmd({"DEL", keys_.hosts()});
+  Cmd({"SET", keys_.hosts(), "junk"});
+  const RedisValue reply = Register("h3", 1);
+  ASSERT_EQ(reply.elements.size(), 2u);
+  EXPECT_EQ(reply.elements[1].text, "string");
+  EXPECT_EQ(Texts(Cmd({"ZRANGE", keys_.hosts(), "0", "-1"})),
+            (std::vector<std::string>{"h1", "h2", "h3"}));
+  EXPECT_EQ(Register("h3", 1).integer, 0);  // whole again
 }
 
 TEST_F(RedisScriptsTest, NoSharedLeaseStartsWhileATicketWaitsAndTheCapCounts) {
