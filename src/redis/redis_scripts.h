@@ -1,5 +1,7 @@
 // The Redis backend's server-side Lua scripts: every change to a pool's keys is one of these,
 // so that it is atomic (see docs/design-redis.md for the keys and what each script promises).
+// Their sources are src/redis/lua/NAME.lua, embedded at build time by cmake/embed_lua.cmake
+// with the parts each one names on its first line (prelude.lua always first).
 //
 // Every script takes KEYS[1] = the pool's version key ("gpulock:{POOL}:version") and derives
 // the other keys from its prefix; with the {POOL} hash tag all of a pool's keys share one slot.
