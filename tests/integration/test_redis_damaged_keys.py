@@ -3,7 +3,7 @@
 recovery, and `gpulock doctor` reports the damage.
 
 Each case is a pool of its own on one real redis-server: fake host node-a with 3 simulated
-GPUs, a lease TTL of 1 s, and
+GPUs, a lease TTL of 3 s, and
   X    an exclusive holder of GPU 0,
   S1   and S2, two shared holders of GPU 1 (1 GiB each),
   W0   a waiter for GPU 0, and W1 an exclusive waiter for GPU 1, both queued,
@@ -32,7 +32,10 @@ from conftest_redis import RedisWorld, assert_no_crash, unique_pool  # noqa: E40
 # The fixtures redis_server, redis_servers and rw.
 pytest_plugins = ["conftest_redis"]
 
-TTL = "1s"
+# Long enough that a holder on a loaded machine (a sanitizer build, six cases at once) renews in
+# time: a holder whose renewals are late loses its lease by its own clock as the server expires
+# it, and the audit would count the moment until its command has gone.
+TTL = "3s"
 
 # argv: audit dir, "excl" or "shared", the file whose appearance ends the hold ("-": a short
 # hold), a name. Claims the markers, says it is ready (DIR/ready.NAME), holds, lets go.
