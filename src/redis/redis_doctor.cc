@@ -92,6 +92,21 @@ KeyScan scan_keys(RedisConnection& connection, const std::string& prefix) {
                               expected.empty() ? "key gpulock uses" : expected));
         continue;
       }
+      if (rest.starts_with("share_units:")) {
+        // Units that are not a count, on a reservation live or expired.
+        const RedisValue units = connection.command({"HVALS", key});
+        for (const RedisValue& value : units.elements) {
+          if (!value.text.empty() &&
+              value.text.find_first_not_of("0123456789") == std::string::npos)
+            continue;
+          scan.findings.push_back(fmt::format(
+              "{} holds units that are not a count ('{}'): while the GPU is held by shared "
+              "leases, no lease is given it; the key is replaced once they have ended",
+              shown(key), sanitize_for_display(value.text, 40)));
+          break;
+        }
+        continue;
+      }
       const bool no_expiry = expires(rest) && connection.command({"PTTL", key}).integer == -1;
       if (rest.starts_with("lock:")) {
         const std::string holder = connection.command({"GET", key}).text;
