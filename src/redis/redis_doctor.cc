@@ -92,6 +92,18 @@ KeyScan scan_keys(RedisConnection& connection, const std::string& prefix) {
                               expected.empty() ? "key gpulock uses" : expected));
         continue;
       }
+      if (rest.starts_with("shares:")) {
+        // Every script adds and removes a reservation in both keys: their sizes agree.
+        const std::string units = prefix + "share_units:" + rest.substr(7);
+        const long long members = connection.command({"ZCARD", key}).integer;
+        const RedisValue counted = connection.command({"HLEN", units});
+        if (!counted.is_error() && counted.integer != members)
+          scan.findings.push_back(fmt::format(
+              "{} lists {} reservations and {} {}: they disagree, so while the GPU is held by "
+              "shared leases no lease is given it; the keys are replaced once they have ended",
+              shown(key), members, shown(units), counted.integer));
+        continue;
+      }
       if (rest.starts_with("share_units:")) {
         // Units that are not a count, on a reservation live or expired.
         const RedisValue units = connection.command({"HVALS", key});
