@@ -19,9 +19,11 @@ std::optional<std::uint64_t> parse_fencing_token(std::string_view text) {
   return value;
 }
 
-Error fencing_tokens_exhausted(const RedisSettings& settings, std::string_view counter,
-                               std::string_view key) {
-  if (key != "token_copy") key = "token";
+Error fencing_tokens_exhausted(const RedisSettings& settings, const RedisValue& reply) {
+  const std::string_view counter =
+      reply.elements.size() > 1 ? std::string_view(reply.elements[1].text) : "?";
+  const std::string_view key =
+      reply.elements.size() > 2 && reply.elements[2].text == "token_copy" ? "token_copy" : "token";
   return Error(
       ErrorCode::kEnvironment,
       fmt::format("pool '{}': its fencing-token counter ({}{}) is at {}, the largest "

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "gpulock/error.hpp"
+#include "redis/redis_connection.h"
 #include "redis/redis_settings.h"
 
 namespace gpulock {
@@ -18,11 +19,10 @@ inline constexpr std::uint64_t kLastFencingToken = ~std::uint64_t{0};
 // nullopt for anything else.
 std::optional<std::uint64_t> parse_fencing_token(std::string_view text);
 
-// What an acquire throws when its script finds the pool's token counter at `counter` (as Redis
-// gave it), the largest token: no lease can get a larger one until the pool is repaired. `key`
-// is the counter's key that holds it, less the prefix ("token" or "token_copy"; "" = "token",
-// as older scripts did not say).
-Error fencing_tokens_exhausted(const RedisSettings& settings, std::string_view counter,
-                               std::string_view key);
+// What an acquire throws when its script replied {"exhausted", last token, key}: the pool's
+// token counter is at the largest token, so no lease can get a larger one until the pool is
+// repaired. The key is the one that holds it, less the prefix ("token" or "token_copy"; an
+// older script's reply without it names "token").
+Error fencing_tokens_exhausted(const RedisSettings& settings, const RedisValue& reply);
 
 }  // namespace gpulock

@@ -159,9 +159,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     if (reply.elements.size() >= 2 && reply.elements[0].text == "exhausted") {
       // The script wrote nothing: no lock is left behind, and waiting cannot help.
       token_unusable = true;
-      throw fencing_tokens_exhausted(
-          settings_, reply.elements[1].text,
-          reply.elements.size() > 2 ? reply.elements[2].text : std::string());
+      throw fencing_tokens_exhausted(settings_, reply);
     }
     if (reply.elements.empty() || reply.elements[0].text != "ok" ||
         reply.elements.size() != 2 + acquire.gpus.size())

@@ -144,9 +144,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
     *outcome = reply.elements.empty() ? "" : reply.elements[0].text;
     if (*outcome == "exhausted" && reply.elements.size() >= 2) {
       retrying_cannot_help = true;
-      throw fencing_tokens_exhausted(
-          settings_, reply.elements[1].text,
-          reply.elements.size() > 2 ? reply.elements[2].text : std::string());
+      throw fencing_tokens_exhausted(settings_, reply);
     }
     if (*outcome != "ok" || reply.elements.size() != 2 + 2 * needed) return std::nullopt;
     std::vector<std::string> uuids;
