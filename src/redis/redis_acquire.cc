@@ -25,6 +25,7 @@
 #include "redis/redis_outage.h"
 #include "redis/redis_request_scope.h"
 #include "redis/redis_scripts.h"
+#include "redis/script_calls.h"
 #include "redis/wake_message.h"
 #include "util/random_id.h"
 #include "util/strings.h"
@@ -76,13 +77,9 @@ struct SentAcquire {
   HolderRecord record;
   std::string record_json;
   std::chrono::system_clock::time_point started_at;
-  std::vector<std::string> args;  // the script's ARGV
-  Clock::time_point sent;         // when it was first sent: its lease's TTL ran from after it
+  AcquireArgs args;
+  Clock::time_point sent;  // when it was first sent: its lease's TTL ran from after it
 };
-
-// The expected version a resent acquire carries: no pool has it, so the script refuses the
-// acquire as stale unless it finds the lease of the first run.
-constexpr const char* kNoVersion = "resent";
 
 std::string join_names(const std::vector<std::string>& names) {
   return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
@@ -154,18 +151,17 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   const auto take = [&](const SentAcquire& acquire) -> std::optional<Lease> {
     // Until it is answered, an outage is waited out, however long this request has waited: the
     // script may have run, and only the server can say so once it answers again.
-    const RedisValue reply = run_until_answered(connection, redis_scripts::kAcquire,
-                                                {settings_.version_key()}, acquire, &unanswered);
-    if (reply.elements.size() >= 2 && reply.elements[0].text == "exhausted") {
+    const RedisValue raw = run_until_answered(connection, redis_scripts::kAcquire,
+                                              {settings_.version_key()}, acquire, &unanswered);
+    const AcquireReply reply = parse_acquire_reply(raw);
+    if (reply.outcome == "exhausted") {
       // The script wrote nothing: no lock is left behind, and waiting cannot help.
       token_unusable = true;
-      throw fencing_tokens_exhausted(settings_, reply);
+      throw fencing_tokens_exhausted(settings_, raw);
     }
-    if (reply.elements.empty() || reply.elements[0].text != "ok" ||
-        reply.elements.size() != 2 + acquire.gpus.size())
-      return std::nullopt;
+    if (reply.outcome != "ok" || reply.uuids.size() != acquire.gpus.size()) return std::nullopt;
     ticket.id.clear();  // the script removed it
-    const std::optional<std::uint64_t> token = parse_fencing_token(reply.elements[1].text);
+    const std::optional<std::uint64_t> token = parse_fencing_token(reply.token_text);
     if (!token) {
       // A garbage `token` key made a token that is no 64-bit count: give the GPUs back at once
       // rather than leave them locked until the TTL ends.
@@ -178,7 +174,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
                               "which is not a 64-bit count, so the lease was given back; "
                               "an administrator must repair the key (see `gpulock doctor`)",
                               settings_.pool, settings_.prefix(),
-                              sanitize_for_display(reply.elements[1].text, 40)));
+                              sanitize_for_display(reply.token_text, 40)));
     }
     auto lease = std::make_unique<LeaseState>();
     lease->id = acquire.lease_id;
@@ -207,8 +203,7 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       if (unanswered) {
         // The server went away before answering our acquire: ask again whether it ran.
         SentAcquire again = *unanswered;
-        again.args[2] = kNoVersion;
-        again.args[10].clear();  // whom to wake: the plan it came from is old news
+        again.args = again.args.resent();
         if (std::optional<Lease> lease = take(again)) return std::move(*lease);
       }
       // The hosts that may serve it (every host for `--host any`), and those of the queue's
@@ -333,19 +328,16 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
                                                request, acquire.started_at);
         for (const Gpu* g : chosen) acquire.record.gpus.push_back(g->device.uuid);
         acquire.record_json = holder_record_json(acquire.record);
-        acquire.args = {acquire.lease_id,
-                        std::to_string(settings_.lease_ttl.count()),
-                        snap.version,
-                        std::to_string(chosen.size()),
-                        "all",
-                        acquire.record_json,
-                        user,
-                        acquire.gpu_host,
-                        wanted.id,  // our ticket, if the queue has it
-                        limited ? "1" : "0",
-                        ""};
-        for (const std::string& id : to_wake) acquire.args.back() += id + "\n";
-        for (const Gpu* g : chosen) acquire.args.push_back(g->device.uuid);
+        acquire.args.lease_id = acquire.lease_id;
+        acquire.args.ttl = settings_.lease_ttl;
+        acquire.args.expected_version = snap.version;
+        acquire.args.record_json = acquire.record_json;
+        acquire.args.user = user;
+        acquire.args.gpu_host = acquire.gpu_host;
+        acquire.args.ticket_id = wanted.id;  // our ticket, if the queue has it
+        acquire.args.limited = limited;
+        acquire.args.to_wake = to_wake;
+        acquire.args.gpus = acquire.record.gpus;
         acquire.sent = Clock::now();
         if (std::optional<Lease> lease = take(acquire)) return std::move(*lease);
         continue;  // the pool changed since the snapshot: plan again
@@ -382,10 +374,11 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
                                      mine.gpus.empty() && mine.held_back.empty() &&
                                      q.plan.position_of[me] + 1 == q.plan.order.size() &&
                                      !limited && !waiting_limited;
-        const RedisValue entered = connection->run(
-            redis_scripts::kEnter, {settings_.version_key()},
-            {wanted.id, std::to_string(kTicketTtl.count()), serialize_ticket(wanted), user,
-             ticket_hosts, snap.version, behind_everyone ? "1" : "", snap.frees});
+        const EnterArgs entry{wanted.id,  kTicketTtl,     serialize_ticket(wanted),
+                              user,       ticket_hosts,   snap.version,
+                              snap.frees, behind_everyone};
+        const EnterReply entered = parse_enter_reply(
+            connection->run(redis_scripts::kEnter, {settings_.version_key()}, entry.argv()));
         ticket.id = wanted.id;
         next_heartbeat = Clock::now() + kHeartbeat;
         // Nothing changed between the snapshot and the entry (the version had not moved): the
@@ -395,12 +388,11 @@ Lease RedisBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // Others who entered so since the snapshot (last, without moving the version) are not
         // in the plan: the queue's length tells.
         const bool planned_queue_stands =
-            entered.elements.size() >= 5 && entered.elements[1].integer == 1 &&
-            entered.elements[4].integer == static_cast<long long>(snap.tickets.size()) + 1 &&
-            !waiting_limited;
+            entered.complete && entered.unchanged &&
+            entered.queued == static_cast<long long>(snap.tickets.size()) + 1 && !waiting_limited;
         if (!planned_queue_stands) continue;
         // The plan saw the pool as it is after the entry, too.
-        planned = PoolMoment{entered.elements[2].text, parse_server_us(entered.elements[3].text)};
+        planned = PoolMoment{entered.version, parse_server_us(entered.server_us)};
       }
 
       // 3. Not served now: explain why, then sleep until something changes.

@@ -33,6 +33,7 @@
 #include "redis/redis_outage.h"
 #include "redis/redis_request_scope.h"
 #include "redis/redis_scripts.h"
+#include "redis/script_calls.h"
 #include "util/random_id.h"
 #include "util/strings.h"
 
@@ -87,8 +88,8 @@ struct SentSharedAcquire {
   std::string record_json;
   std::uint64_t predicted_units = 0;
   std::chrono::system_clock::time_point started_at;
-  std::vector<std::string> args;  // the script's ARGV
-  Clock::time_point sent;         // when it was first sent: its lease's TTL ran from after it
+  AcquireSharedArgs args;
+  Clock::time_point sent;  // when it was first sent: its lease's TTL ran from after it
 };
 
 }  // namespace
@@ -139,31 +140,31 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
                         std::string* outcome) -> std::optional<Lease> {
     // Until it is answered, an outage is waited out, even by a request that has not waited: the
     // script may have run, and only the server can say so once it answers again.
-    const RedisValue reply = run_until_answered(connection, redis_scripts::kAcquireShared,
-                                                {settings_.version_key()}, acquire, &unanswered);
-    *outcome = reply.elements.empty() ? "" : reply.elements[0].text;
-    if (*outcome == "exhausted" && reply.elements.size() >= 2) {
+    const RedisValue raw = run_until_answered(connection, redis_scripts::kAcquireShared,
+                                              {settings_.version_key()}, acquire, &unanswered);
+    const AcquireReply reply = parse_acquire_shared_reply(raw);
+    *outcome = reply.outcome;
+    if (*outcome == "exhausted") {
       retrying_cannot_help = true;
-      throw fencing_tokens_exhausted(settings_, reply);
+      throw fencing_tokens_exhausted(settings_, raw);
     }
-    if (*outcome != "ok" || reply.elements.size() != 2 + 2 * needed) return std::nullopt;
-    std::vector<std::string> uuids;
+    if (*outcome != "ok" || reply.uuids.size() != needed) return std::nullopt;
+    const std::vector<std::string>& uuids = reply.uuids;
     std::vector<std::uint64_t> units;
     std::vector<const std::pair<LeasedGpu, std::string>*> taken;
-    for (std::size_t i = 2; i + 1 < reply.elements.size(); i += 2) {
-      uuids.push_back(reply.elements[i].text);
-      units.push_back(units_of(reply.elements[i + 1].text));
-      if (const auto at = acquire.offered.find(uuids.back()); at != acquire.offered.end())
+    for (std::size_t i = 0; i < uuids.size(); ++i) {
+      units.push_back(units_of(reply.units[i]));
+      if (const auto at = acquire.offered.find(uuids[i]); at != acquire.offered.end())
         taken.push_back(&at->second);
     }
-    const std::optional<std::uint64_t> token = parse_fencing_token(reply.elements[1].text);
+    const std::optional<std::uint64_t> token = parse_fencing_token(reply.token_text);
     if (taken.size() != needed || !token) {
       retrying_cannot_help = true;  // first: a release that goes unanswered is no outage either
       connection->run(redis_scripts::kRelease, {settings_.version_key()}, {acquire.lease_id});
       throw Error(ErrorCode::kEnvironment,
                   fmt::format("pool '{}': the shared acquire gave an unexpected reply (token "
                               "'{}'), so the lease was given back; see `gpulock doctor`",
-                              settings_.pool, sanitize_for_display(reply.elements[1].text, 40)));
+                              settings_.pool, sanitize_for_display(reply.token_text, 40)));
     }
     // The script may have chosen other GPUs than predicted (the pool changed meanwhile): the
     // record then says what it holds, published with the first renewal.
@@ -209,8 +210,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
         // lease is there, and otherwise takes nothing (its readings are from before the outage):
         // the request then plans again from what the pool is now.
         SentSharedAcquire again = *unanswered;
-        for (std::size_t capacity = 10; capacity < again.args.size(); capacity += 4)
-          again.args[capacity] = "0";
+        again.args = again.args.resent();
         std::string outcome;
         if (std::optional<Lease> lease = take(again, &outcome)) return std::move(*lease);
       }
@@ -333,10 +333,14 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
         for (const SharedCandidate& c : chosen) acquire.record.gpus.push_back(c.gpu->device.uuid);
         acquire.record_json = holder_record_json(acquire.record);
 
-        acquire.args = {acquire.lease_id,           std::to_string(settings_.lease_ttl.count()),
-                        acquire.record_json,        user,
-                        std::to_string(needed),     cap ? std::to_string(*cap) : std::string(),
-                        request.spread ? "1" : "0", limited ? "1" : "0"};
+        acquire.args.lease_id = acquire.lease_id;
+        acquire.args.ttl = settings_.lease_ttl;
+        acquire.args.record_json = acquire.record_json;
+        acquire.args.user = user;
+        acquire.args.needed = needed;
+        acquire.args.cap = cap;
+        acquire.args.spread = request.spread;
+        acquire.args.limited = limited;
         // The predicted choice first, then the other ready candidates: the script takes the
         // first host where enough fit, in its own order, from what it finds.
         std::vector<const SharedCandidate*> offered;
@@ -347,10 +351,7 @@ Lease RedisBackend::acquire_shared(const LeaseRequest& request, const WaitHooks&
             offered.push_back(c);
         for (const SharedCandidate* c : offered) {
           const Device& d = c->gpu->device;
-          acquire.args.push_back(d.uuid);
-          acquire.args.push_back(c->gpu->host);
-          acquire.args.push_back(std::to_string(c->capacity));
-          acquire.args.push_back(std::to_string(c->wanted));
+          acquire.args.offers.push_back(SharedOffer{d.uuid, c->gpu->host, c->capacity, c->wanted});
           acquire.offered[d.uuid] = {
               LeasedGpu{d.index, d.display_index(), d.uuid, d.name, d.is_mig_instance(),
                         d.memory_total_bytes.value_or(0)},

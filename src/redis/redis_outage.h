@@ -62,9 +62,9 @@ class RedisOutage {
   std::optional<Error> refusal_;  // see left_waiting
 };
 
-// Runs an acquire script (`script` with `sent.args`), whose answer an outage may take away after
-// the script ran. Until the server answers, `*unanswered` holds `sent`, for the caller to send
-// again once the server is back; any answer clears it, an error reply included (the script did
+// Runs an acquire script (`script` with `sent.args.argv()`), whose answer an outage may take away
+// after the script ran. Until the server answers, `*unanswered` holds `sent`, for the caller to
+// send again once the server is back; any answer clears it, an error reply included (the script did
 // not run then, and that is no outage to wait out). Rethrows the connection's error.
 template <typename Sent>
 RedisValue run_until_answered(RedisConnectionLoan& connection, const RedisScript& script,
@@ -72,7 +72,7 @@ RedisValue run_until_answered(RedisConnectionLoan& connection, const RedisScript
                               std::optional<Sent>* unanswered) {
   *unanswered = sent;
   try {
-    RedisValue reply = connection->run(script, keys, sent.args);
+    RedisValue reply = connection->run(script, keys, sent.args.argv());
     unanswered->reset();
     return reply;
   } catch (const Error&) {
