@@ -24,7 +24,7 @@ namespace {
 LiveLeases live_leases(LeaseBackend& backend) {
   const PoolStatus status = backend.pool_status();
   LiveLeases live;
-  if (backend.name() == "file") live.host = status.host;
+  if (!status.spans_hosts) live.host = status.host;
   for (const auto& gpu : status.gpus) {
     if (gpu.state != GpuState::kLeased) continue;
     if (gpu.shared) {
@@ -131,15 +131,7 @@ std::string GpuPool::journal_location() const {
   return backend_->journal()->location();
 }
 JournalSealReport GpuPool::seal_journal() {
-  if (backend_->name() != "file")
-    throw Error(ErrorCode::kEnvironment, fmt::format("the {} backend keeps its journal in the "
-                                                     "pool: there are no files to seal",
-                                                     backend_->name()));
-  const std::string where = journal_location();
-  if (where == "off")
-    throw Error(ErrorCode::kEnvironment,
-                "the usage journal is off (journal_dir or GPULOCK_JOURNAL_DIR): nothing to seal");
-  return seal_journal_directory(where, backend_->config().journal_file_size);
+  return backend_->journal()->seal();
 }
 PoolStatus GpuPool::status() {
   return backend_->status();
@@ -152,6 +144,9 @@ std::vector<DoctorCheck> GpuPool::doctor() {
 }
 std::string GpuPool::backend_name() const {
   return backend_->name();
+}
+bool GpuPool::spans_hosts() const {
+  return backend_->spans_hosts();
 }
 QueueStatus GpuPool::queue() {
   return backend_->queue();

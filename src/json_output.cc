@@ -233,6 +233,7 @@ std::string status_to_json(const PoolStatus& status) {
   w.end_object();
   w.member("schema_version", kJsonSchemaVersion);
   w.member("simulated", status.simulated);
+  w.member("spans_hosts", status.spans_hosts);
   w.member("taken_at", now);
   w.member("warnings", status.warnings);
   w.end_object();

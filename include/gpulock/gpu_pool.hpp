@@ -86,6 +86,8 @@ class GpuPool {
   std::vector<DoctorCheck> doctor();
   // "file" or "redis".
   std::string backend_name() const;
+  // Whether the pool holds many hosts' GPUs behind a server (Redis), not only this machine's.
+  bool spans_hosts() const;
 
   // The waiting requests in serving order, with what each waits for. Takes no lock.
   QueueStatus queue();

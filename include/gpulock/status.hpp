@@ -89,6 +89,9 @@ struct PoolStatus {
   std::string backend = "file";  // "file" or "redis"
   std::string backend_location;  // Redis: the server's URL, password masked
   std::string pool;              // Redis: the pool's name
+  // The pool holds the GPUs of many hosts, kept by a server that may be unreachable (Redis);
+  // false for this machine's own lock files. Views and tools ask this, not `backend`.
+  bool spans_hosts = false;
   std::chrono::system_clock::time_point taken_at;
   std::vector<GpuStatus> gpus;
   std::vector<std::string> warnings;

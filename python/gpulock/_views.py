@@ -169,6 +169,7 @@ class Status:
     device_source: str = ""
     simulated: bool = False
     lock_dir: str = ""
+    spans_hosts: bool = False  # many hosts' GPUs behind a server (Redis), not this machine's
     taken_at: float = 0.0
     warnings: List[str] = field(default_factory=list)
     queue_length: int = 0

@@ -39,7 +39,10 @@ class LeaseBackend {
   virtual void prepare() = 0;
 
   // What the pool reports about itself.
-  virtual std::string name() const = 0;  // "file" or "redis"
+  virtual std::string name() const = 0;  // "file" or "redis", for people; branch on what follows
+  // Whether the pool holds many hosts' GPUs behind a server that may be unreachable (leases carry
+  // their host), or only this machine's (PoolStatus::spans_hosts says the same).
+  virtual bool spans_hosts() const = 0;
   virtual const Config& config() const = 0;
   virtual DeviceSource& device_source() = 0;
   virtual const std::filesystem::path& lock_dir() const = 0;  // empty where there is none

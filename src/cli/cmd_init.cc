@@ -46,7 +46,7 @@ void add_init_command(CLI::App& app, int* exit_status) {
       "Run as root at boot (see contrib/) so that no user owns, and can delete, lock files.");
   command->callback([exit_status] {
     GpuPool pool = GpuPool::open();
-    if (pool.backend_name() != "file") {
+    if (pool.lock_dir().empty()) {
       // Jobs run on the host that submits them, from a local store, whatever the backend.
       fmt::print("the {} backend keeps no lock files: nothing to prepare for leases\n",
                  pool.backend_name());

@@ -81,11 +81,10 @@ std::vector<std::string> shared_lines(const GpuStatus& g,
 void print_table(const PoolStatus& status) {
   const std::size_t columns = terminal_columns();
   auto print_line = [columns](const std::string& line) { fmt::print("{}\n", fit(line, columns)); };
-  print_line(fmt::format("{} · {}{} · {}", status.host, status.device_source,
-                         status.simulated ? " (no real GPU)" : "",
-                         status.backend == "redis"
-                             ? fmt::format("pool '{}' at {}", status.pool, status.backend_location)
-                             : "lock dir " + status.lock_dir));
+  print_line(fmt::format(
+      "{} · {}{} · {}", status.host, status.device_source, status.simulated ? " (no real GPU)" : "",
+      status.spans_hosts ? fmt::format("pool '{}' at {}", status.pool, status.backend_location)
+                         : "lock dir " + status.lock_dir));
   for (const auto& w : status.warnings) print_line("warning: " + w);
   auto name_of = [&status](const GpuStatus& g) {
     return g.host.empty() || g.host == status.host ? g.device.display_index()

@@ -47,6 +47,7 @@ class FileJournal final : public UsageJournal {
   // waits for the next call): the cost is what was appended, not the journal's size.
   JournalContents read_appended(JournalCursor& cursor, bool& whole) override;
   std::string location() const override { return directory_.string(); }
+  JournalSealReport seal() override;
   void forget_descriptors() noexcept override;
 
   // Makes the directory (mode 1777, root-owned when run as root) for `gpulock init`. Throws

@@ -248,4 +248,18 @@ std::optional<DoctorCheck> journal_seal_check(const std::filesystem::path& direc
                                  unsealed.size(), names.size(), listed)};
 }
 
+// Each journal's `gpulock journal seal`: only files can be sealed.
+JournalSealReport UsageJournal::seal() {
+  throw Error(ErrorCode::kEnvironment,
+              fmt::format("the usage journal is kept in the pool ({}): there are no files to seal",
+                          location()));
+}
+JournalSealReport DisabledJournal::seal() {
+  throw Error(ErrorCode::kEnvironment,
+              "the usage journal is off (journal_dir or GPULOCK_JOURNAL_DIR): nothing to seal");
+}
+JournalSealReport FileJournal::seal() {
+  return seal_journal_directory(directory_, max_file_bytes_);
+}
+
 }  // namespace gpulock

@@ -43,6 +43,9 @@ class UsageJournal {
   virtual void forget_descriptors() noexcept {}
   // Where the records go, for people ("/var/lib/gpulock/journal", "redis stream KEY").
   virtual std::string location() const = 0;
+  // Makes the files that are full read-only for good (`gpulock journal seal`, journal_seal.h).
+  // Throws Error(kEnvironment) where the journal keeps no files: off, or kept in the pool.
+  virtual JournalSealReport seal();
 };
 
 // A journal that records nothing (journal_dir = "off").
@@ -56,6 +59,7 @@ class DisabledJournal final : public UsageJournal {
     return none;
   }
   std::string location() const override { return "off"; }
+  JournalSealReport seal() override;
 };
 
 }  // namespace gpulock

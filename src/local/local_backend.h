@@ -47,6 +47,7 @@ class LocalBackend final : public LeaseBackend {
   void prepare() override;
 
   std::string name() const override { return "file"; }
+  bool spans_hosts() const override { return false; }
   const Config& config() const override { return config_; }
   DeviceSource& device_source() override { return *source_; }
   const std::filesystem::path& lock_dir() const override { return dir_.path(); }

@@ -331,6 +331,7 @@ PYBIND11_MODULE(_native, m) {
                              [](const GpuPool& pool) { return pool.lock_dir().string(); })
       .def_property_readonly("warnings", &GpuPool::warnings)
       .def_property_readonly("backend", &GpuPool::backend_name)
+      .def_property_readonly("spans_hosts", &GpuPool::spans_hosts)
       .def(
           "acquire",
           [](GpuPool& pool, unsigned count, std::vector<std::string> gpus,

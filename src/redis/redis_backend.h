@@ -49,6 +49,7 @@ class RedisBackend final : public LeaseBackend {
   void prepare() override {}  // nothing on this machine to prepare
 
   std::string name() const override { return "redis"; }
+  bool spans_hosts() const override { return true; }
   const Config& config() const override { return config_; }
   DeviceSource& device_source() override { return *source_; }
   const std::filesystem::path& lock_dir() const override;  // empty: there is none

@@ -82,6 +82,7 @@ PoolStatus RedisBackend::status(bool whole_pool) {
   status.device_source = source_->description();
   status.simulated = source_->simulated();
   status.backend = "redis";
+  status.spans_hosts = spans_hosts();
   status.backend_location = settings_.endpoint.display();
   status.pool = settings_.pool;
   status.taken_at = std::chrono::system_clock::now();

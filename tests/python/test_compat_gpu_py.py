@@ -224,6 +224,18 @@ def test_unreachable_redis_as_gpu_py_says(gl, command):
         assert result.stdout == "Can not connect to Redis server, try to start server first.\n"
 
 
+def test_unreachable_redis_named_by_the_config_as_gpu_py_says(gl, command):
+    """Redis chosen by the config's `backend`, not GPULOCK_BACKEND: gpulock decides which backend
+    serves, so the compat command reads that, not the environment."""
+    config = gl.write("config.toml", 'backend = "redis://127.0.0.1:%s/0"\n' % closed_port())
+    env = gl.env(GPULOCK_CONFIG=config)
+    env.pop("GPULOCK_BACKEND", None)
+    for args in (["--get"], ["--idle"]):
+        result = gpupy(gl, command, *args, env=env)
+        assert result.returncode == 255, result.stderr
+        assert result.stdout == "Can not connect to Redis server, try to start server first.\n"
+
+
 def test_get_killed_by_a_signal_exits_as_a_shell_says(gl, command):
     """`gpulock acquire` ended by SIGTERM: 143 (128+15), as a shell reports it, not 241."""
     fake = gl.tmp / "killed-gpulock"

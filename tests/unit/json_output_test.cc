@@ -161,6 +161,7 @@ std::string status_to_json(const PoolStatus& status) {
        {"simulated", status.simulated},
        {"lock_dir", status.lock_dir.empty() ? json(nullptr) : json(status.lock_dir)},
        {"backend", status.backend},
+       {"spans_hosts", status.spans_hosts},
        {"backend_location",
         status.backend_location.empty() ? json(nullptr) : json(status.backend_location)},
        {"pool", status.pool.empty() ? json(nullptr) : json(status.pool)},

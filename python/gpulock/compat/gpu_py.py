@@ -104,8 +104,17 @@ def _binary() -> str:
     return found
 
 
-def _is_redis() -> bool:
-    return os.environ.get("GPULOCK_BACKEND", "").startswith("redis")
+def _pool_on_a_server() -> bool:
+    """Whether gpulock's pool is kept by a server (Redis, chosen by GPULOCK_BACKEND or the
+    config's ``backend``), as gpulock decides: then an unavailable pool is GPU.py's "cannot
+    connect". Opening the pool reaches no server."""
+    import gpulock
+    from gpulock import _pool
+
+    try:
+        return _pool.default_pool().spans_hosts
+    except gpulock.Error:
+        return False  # gpulock itself says what is wrong with its set-up
 
 
 class _Unreachable(Exception):
@@ -118,7 +127,7 @@ def _status() -> Any:
     try:
         return gpulock.status()
     except gpulock.SetupError:
-        if _is_redis():
+        if _pool_on_a_server():
             raise _Unreachable() from None
         raise
 
@@ -161,7 +170,7 @@ def _get() -> int:
     # Held for this session: as long as any process that could use the id lives, or --release.
     command = [_binary(), "acquire", "-n", "1", "--print-ids", "--label", "GPU.py"]
     result = subprocess.run(command, stdout=subprocess.PIPE, text=True)
-    if result.returncode == 69 and _is_redis():
+    if result.returncode == 69 and _pool_on_a_server():
         print(GPU_PY_CONNECT_ERROR)
         return EXIT_GPU_PY_ERROR
     if result.returncode < 0:  # killed by a signal: a shell's 128+N, not sys.exit(-N)'s 256-N
@@ -207,7 +216,7 @@ def _journal() -> Dict[str, Any]:
 
     result = subprocess.run([_binary(), "log", "--since", "0", "--json"], stdout=subprocess.PIPE,
                             text=True)
-    if result.returncode == 69 and _is_redis():
+    if result.returncode == 69 and _pool_on_a_server():
         raise _Unreachable()
     if result.returncode != 0:
         raise RuntimeError("gpulock log failed (exit status %d)" % result.returncode)

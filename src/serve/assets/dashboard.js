@@ -216,7 +216,7 @@ async function poll() {
     const [status, queue] = await Promise.all([getJson("/api/status"), getJson("/api/queue")]);
     document.getElementById("source").textContent =
       `${status.host} · ${status.device_source}${status.simulated ? " (simulated)" : ""} · ` +
-      (status.backend === "redis" ? `pool ${status.pool}` : "local lock files");
+      (status.spans_hosts ? `pool ${status.pool}` : "local lock files");
     renderGpus(status);
     renderAlerts(status);
     renderQueue(queue, status.taken_at);
