@@ -151,6 +151,148 @@ KeyScan scan_keys(RedisConnection& connection, const std::string& prefix) {
   return scan;
 }
 
+DoctorCheck server_version_check(RedisConnection& connection) {
+  const RedisValue info = connection.command({"INFO", "server"});
+  const std::string version = info_field(info.text, "redis_version");
+  const int major = version.empty() ? 0 : std::atoi(version.c_str());
+  if (info.is_error() || version.empty())
+    return {Level::kWarning, "server version",
+            "INFO is not allowed or not answered; gpulock needs Redis 6 or later"};
+  return {major >= 6 ? Level::kOk : Level::kFailed, "server version",
+          major >= 6 ? "Redis " + version : "Redis " + version + " is too old: gpulock needs 6+"};
+}
+
+DoctorCheck round_trip_check(RedisConnection& connection) {
+  std::vector<double> round_trips;
+  for (int i = 0; i < 20; ++i) {
+    const auto sent = Clock::now();
+    connection.command({"PING"});
+    round_trips.push_back(std::chrono::duration<double, std::milli>(Clock::now() - sent).count());
+  }
+  std::sort(round_trips.begin(), round_trips.end());
+  return {round_trips[10] < 50 ? Level::kOk : Level::kWarning, "round trip",
+          fmt::format("median {:.3f} ms over 20 PINGs", round_trips[10])};
+}
+
+// Waiters are woken by messages on the pool's channel: send one round, as they would.
+DoctorCheck notifications_check(const RedisSettings& settings, RedisConnection& connection) {
+  const std::string channel = settings.prefix() + "events";
+  try {
+    auto subscriber = RedisConnection::connect(settings.endpoint, std::chrono::milliseconds(3000));
+    subscriber->subscribe(channel);
+    const RedisValue published = connection.command({"PUBLISH", channel, "doctor"});
+    if (published.is_error())
+      return {Level::kFailed, "notifications",
+              "PUBLISH refused: " + published.text +
+                  " (waiters would wake only on their 10 s re-check; allow the channel " + channel +
+                  ")"};
+    const auto sent = Clock::now();
+    std::optional<std::string> message;
+    while (!message && Clock::now() - sent < std::chrono::seconds(3))
+      message = subscriber->next_message(std::chrono::milliseconds(500));
+    if (!message)
+      return {Level::kFailed, "notifications",
+              "a message published on " + channel + " did not arrive within 3 s"};
+    return {Level::kOk, "notifications",
+            fmt::format("PUBLISH and SUBSCRIBE on {}: a message went round in {:.1f} ms", channel,
+                        std::chrono::duration<double, std::milli>(Clock::now() - sent).count())};
+  } catch (const Error& error) {
+    return {Level::kFailed, "notifications",
+            fmt::format("cannot subscribe to {}: {} (waiters would wake only on their 10 s "
+                        "re-check; allow the channel)",
+                        channel, error.what())};
+  }
+}
+
+// Persistence decides how fencing tokens survive a restart.
+DoctorCheck persistence_check(RedisConnection& connection) {
+  const RedisValue save = connection.command({"CONFIG", "GET", "save"});
+  const RedisValue aof = connection.command({"CONFIG", "GET", "appendonly"});
+  if (save.is_error() || aof.is_error() || save.elements.size() < 2 || aof.elements.size() < 2)
+    return {Level::kOk, "persistence",
+            "CONFIG GET not allowed; fencing tokens stay increasing across restarts either way "
+            "(they are at least the server's time in microseconds)"};
+  const bool persistent = !save.elements[1].text.empty() || aof.elements[1].text == "yes";
+  return {Level::kOk, "persistence",
+          persistent ? "snapshots or AOF on: leases and tokens survive a restart"
+                     : "no persistence: after a restart holders re-create their leases at their "
+                       "next renewal, and new fencing tokens continue from the server's time in "
+                       "microseconds, above every earlier one (unless the server's clock was "
+                       "set back)"};
+}
+
+// The fencing-token counter and its copy, read back as untrusted input. The acquire script
+// ignores a copy that is garbage and counts on from the other one (or the server's time).
+DoctorCheck fencing_tokens_check(const RedisSettings& settings, RedisConnection& connection) {
+  std::vector<std::string> unusable;
+  std::optional<std::uint64_t> last;
+  const char* last_name = "token";  // the key that holds `last`
+  for (const char* name : {"token", "token_copy"}) {
+    const RedisValue value = connection.command({"GET", settings.prefix() + name});
+    if (value.is_nil()) continue;
+    const auto count =
+        value.type == RedisValue::Type::kString ? parse_fencing_token(value.text) : std::nullopt;
+    if (!count) {
+      unusable.push_back(fmt::format(
+          "{}{} holds {}", settings.prefix(), name,
+          value.is_error()
+              ? std::string("a value of the wrong type")
+              : fmt::format("'{}', not a count", sanitize_for_display(value.text, 40))));
+    } else if (!last || *count > *last) {
+      last = count;
+      last_name = name;
+    }
+  }
+  if (!unusable.empty())
+    return {Level::kFailed, "fencing tokens",
+            fmt::format("{}: acquires ignore it and count on from {}. Set it (SET) to a number "
+                        "above every token given out, e.g. the current time in microseconds",
+                        fmt::join(unusable, "; "),
+                        last ? fmt::format("the other copy, {}", *last)
+                             : std::string("the server's time in microseconds, which gives a "
+                                           "token again if an earlier one was larger"))};
+  if (last && *last == kLastFencingToken)
+    return {Level::kFailed, "fencing tokens",
+            fmt::format("{}{} is {}, the largest 64-bit token: every acquire fails until an "
+                        "administrator starts the pool's tokens anew (and its jobs' storage "
+                        "accepts smaller tokens)",
+                        settings.prefix(), last_name, *last)};
+  if (!last) return {Level::kOk, "fencing tokens", "none given out yet in this pool"};
+  return {Level::kOk, "fencing tokens", fmt::format("the last one given out is {}", *last)};
+}
+
+// What the key scan found, and what the snapshot says about shared GPUs: one warning per key,
+// at most 20, or one line saying that all is well.
+std::vector<DoctorCheck> key_checks(const RedisSettings& settings, const KeyScan& scan,
+                                    const RedisBackend::Snapshot& snap) {
+  std::vector<std::string> findings = scan.findings;
+  for (const RedisBackend::Gpu& gpu : snap.gpus) {
+    if (gpu.lock == redis_scripts::kDamagedShares)
+      findings.push_back(fmt::format(
+          "{}shares:{} and {}share_units:{} are damaged (a wrong type, members that disagree, "
+          "or units that are no count): no lease is given GPU {} of host {} until its shared "
+          "leases end, and they keep it; it recovers by itself then",
+          settings.prefix(), gpu.device.uuid, settings.prefix(), gpu.device.uuid, gpu.device.index,
+          gpu.host));
+    else if (gpu.shared() && gpu.shares.empty())
+      findings.push_back(fmt::format(
+          "{}lock:{} marks GPU {} of host {} shared, but no reservation lives: it is blocked "
+          "until the key expires, in {} ms",
+          settings.prefix(), gpu.device.uuid, gpu.device.index, gpu.host, gpu.lock_ttl_ms));
+  }
+  if (findings.empty())
+    return {{Level::kOk, "keys",
+             fmt::format("{} keys under {}, all well-formed", scan.keys, settings.prefix())}};
+  constexpr std::size_t kShown = 20;
+  std::vector<DoctorCheck> checks;
+  for (std::size_t i = 0; i < findings.size() && i < kShown; ++i)
+    checks.push_back({Level::kWarning, "keys", findings[i]});
+  if (findings.size() > kShown)
+    checks.push_back({Level::kWarning, "keys",
+                      fmt::format("and {} more damaged keys", findings.size() - kShown)});
+  return checks;
+}
+
 }  // namespace
 
 std::vector<DoctorCheck> RedisBackend::doctor() {
@@ -175,27 +317,8 @@ std::vector<DoctorCheck> RedisBackend::doctor() {
                   settings_.endpoint.user.empty() ? "" : " as " + settings_.endpoint.user,
                   std::chrono::duration<double, std::milli>(Clock::now() - connect_start).count()));
   try {
-    const RedisValue info = connection->command({"INFO", "server"});
-    const std::string version = info_field(info.text, "redis_version");
-    const int major = version.empty() ? 0 : std::atoi(version.c_str());
-    if (info.is_error() || version.empty()) {
-      add(Level::kWarning, "server version",
-          "INFO is not allowed or not answered; gpulock needs Redis 6 or later");
-    } else {
-      add(major >= 6 ? Level::kOk : Level::kFailed, "server version",
-          major >= 6 ? "Redis " + version : "Redis " + version + " is too old: gpulock needs 6+");
-    }
-
-    std::vector<double> round_trips;
-    for (int i = 0; i < 20; ++i) {
-      const auto sent = Clock::now();
-      connection->command({"PING"});
-      round_trips.push_back(std::chrono::duration<double, std::milli>(Clock::now() - sent).count());
-    }
-    std::sort(round_trips.begin(), round_trips.end());
-    add(round_trips[10] < 50 ? Level::kOk : Level::kWarning, "round trip",
-        fmt::format("median {:.3f} ms over 20 PINGs", round_trips[10]));
-
+    checks.push_back(server_version_check(*connection));
+    checks.push_back(round_trip_check(*connection));
     // Damaged keys, looked at before this doctor's own registration and snapshot repair what
     // they can (a `hosts` key rebuilt, a lock key without an expiry given one).
     const KeyScan scan = scan_keys(*connection, settings_.prefix());
@@ -215,121 +338,10 @@ std::vector<DoctorCheck> RedisBackend::doctor() {
       if (error.code() != ErrorCode::kEnvironment || connection->broken()) throw;
       add(Level::kFailed, "scripts", error.what());
     }
-    // Waiters are woken by messages on the pool's channel: send one round, as they would.
-    const std::string channel = settings_.prefix() + "events";
-    try {
-      auto subscriber =
-          RedisConnection::connect(settings_.endpoint, std::chrono::milliseconds(3000));
-      subscriber->subscribe(channel);
-      const RedisValue published = connection->command({"PUBLISH", channel, "doctor"});
-      if (published.is_error()) {
-        add(Level::kFailed, "notifications",
-            "PUBLISH refused: " + published.text +
-                " (waiters would wake only on their 10 s re-check; allow the channel " + channel +
-                ")");
-      } else {
-        const auto sent = Clock::now();
-        std::optional<std::string> message;
-        while (!message && Clock::now() - sent < std::chrono::seconds(3))
-          message = subscriber->next_message(std::chrono::milliseconds(500));
-        add(message ? Level::kOk : Level::kFailed, "notifications",
-            message ? fmt::format(
-                          "PUBLISH and SUBSCRIBE on {}: a message went round in {:.1f} ms", channel,
-                          std::chrono::duration<double, std::milli>(Clock::now() - sent).count())
-                    : "a message published on " + channel + " did not arrive within 3 s");
-      }
-    } catch (const Error& error) {
-      add(Level::kFailed, "notifications",
-          fmt::format("cannot subscribe to {}: {} (waiters would wake only on their 10 s "
-                      "re-check; allow the channel)",
-                      channel, error.what()));
-    }
-
-    // Persistence decides how fencing tokens survive a restart.
-    const RedisValue save = connection->command({"CONFIG", "GET", "save"});
-    const RedisValue aof = connection->command({"CONFIG", "GET", "appendonly"});
-    if (save.is_error() || aof.is_error() || save.elements.size() < 2 || aof.elements.size() < 2) {
-      add(Level::kOk, "persistence",
-          "CONFIG GET not allowed; fencing tokens stay increasing across restarts either way "
-          "(they are at least the server's time in microseconds)");
-    } else {
-      const bool persistent = !save.elements[1].text.empty() || aof.elements[1].text == "yes";
-      add(Level::kOk, "persistence",
-          persistent ? "snapshots or AOF on: leases and tokens survive a restart"
-                     : "no persistence: after a restart holders re-create their leases at their "
-                       "next renewal, and new fencing tokens continue from the server's time in "
-                       "microseconds, above every earlier one (unless the server's clock was "
-                       "set back)");
-    }
-
-    // The fencing-token counter and its copy: read back as untrusted input. The acquire script
-    // ignores a copy that is garbage and counts on from the other one (or the server's time).
-    std::vector<std::string> unusable;
-    std::optional<std::uint64_t> last;
-    const char* last_name = "token";  // the key that holds `last`
-    for (const char* name : {"token", "token_copy"}) {
-      const RedisValue value = connection->command({"GET", settings_.prefix() + name});
-      if (value.is_nil()) continue;
-      const auto count =
-          value.type == RedisValue::Type::kString ? parse_fencing_token(value.text) : std::nullopt;
-      if (!count) {
-        unusable.push_back(fmt::format(
-            "{}{} holds {}", settings_.prefix(), name,
-            value.is_error()
-                ? std::string("a value of the wrong type")
-                : fmt::format("'{}', not a count", sanitize_for_display(value.text, 40))));
-      } else if (!last || *count > *last) {
-        last = count;
-        last_name = name;
-      }
-    }
-    if (!unusable.empty()) {
-      add(Level::kFailed, "fencing tokens",
-          fmt::format("{}: acquires ignore it and count on from {}. Set it (SET) to a number "
-                      "above every token given out, e.g. the current time in microseconds",
-                      fmt::join(unusable, "; "),
-                      last ? fmt::format("the other copy, {}", *last)
-                           : std::string("the server's time in microseconds, which gives a token "
-                                         "again if an earlier one was larger")));
-    } else if (last && *last == kLastFencingToken) {
-      add(Level::kFailed, "fencing tokens",
-          fmt::format("{}{} is {}, the largest 64-bit token: every acquire fails until an "
-                      "administrator starts the pool's tokens anew (and its jobs' storage accepts "
-                      "smaller tokens)",
-                      settings_.prefix(), last_name, *last));
-    } else if (!last) {
-      add(Level::kOk, "fencing tokens", "none given out yet in this pool");
-    } else {
-      add(Level::kOk, "fencing tokens", fmt::format("the last one given out is {}", *last));
-    }
-
-    // What the scan found, and what the snapshot says about shared GPUs.
-    std::vector<std::string> findings = scan.findings;
-    for (const Gpu& gpu : snap.gpus) {
-      if (gpu.lock == redis_scripts::kDamagedShares)
-        findings.push_back(fmt::format(
-            "{}shares:{} and {}share_units:{} are damaged (a wrong type, members that disagree, "
-            "or units that are no count): no lease is given GPU {} of host {} until its shared "
-            "leases end, and they keep it; it recovers by itself then",
-            settings_.prefix(), gpu.device.uuid, settings_.prefix(), gpu.device.uuid,
-            gpu.device.index, gpu.host));
-      else if (gpu.shared() && gpu.shares.empty())
-        findings.push_back(fmt::format(
-            "{}lock:{} marks GPU {} of host {} shared, but no reservation lives: it is blocked "
-            "until the key expires, in {} ms",
-            settings_.prefix(), gpu.device.uuid, gpu.device.index, gpu.host, gpu.lock_ttl_ms));
-    }
-    if (findings.empty()) {
-      add(Level::kOk, "keys",
-          fmt::format("{} keys under {}, all well-formed", scan.keys, settings_.prefix()));
-    } else {
-      constexpr std::size_t kShown = 20;
-      for (std::size_t i = 0; i < findings.size() && i < kShown; ++i)
-        add(Level::kWarning, "keys", findings[i]);
-      if (findings.size() > kShown)
-        add(Level::kWarning, "keys",
-            fmt::format("and {} more damaged keys", findings.size() - kShown));
-    }
+    checks.push_back(notifications_check(settings_, *connection));
+    checks.push_back(persistence_check(*connection));
+    checks.push_back(fencing_tokens_check(settings_, *connection));
+    for (DoctorCheck& check : key_checks(settings_, scan, snap)) checks.push_back(std::move(check));
     for (const auto& warning : snap.warnings) add(Level::kWarning, "pool", warning);
   } catch (const Error& error) {
     add(Level::kFailed, "server", error.what());
