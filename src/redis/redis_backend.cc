@@ -21,6 +21,7 @@
 #include "redis/device_record.h"
 #include "redis/packed_registrations.h"
 #include "redis/redis_scripts.h"
+#include "redis/script_calls.h"
 #include "redis/wake_message.h"
 #include "util/random_id.h"
 #include "util/strings.h"
@@ -176,43 +177,48 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
   const RedisValue reply =
       connection.run(redis_scripts::kSnapshot, {settings_.version_key()},
                      {hosts_arg, user, std::to_string(settings_.lease_ttl.count())});
+  namespace part = snapshot_reply;
   Snapshot out;
-  out.version = element(reply, 0).text;
-  out.now_ms = integer_of(element(reply, 1));
+  out.version = element(reply, part::kVersion).text;
+  out.now_ms = integer_of(element(reply, part::kNowMs));
 
-  const RedisValue& hosts = element(reply, 2);
+  const RedisValue& hosts = element(reply, part::kHosts);
   // Hosts whose GPUs' registrations came packed (redis/packed_registrations.h); a package that
   // is unreadable makes each of its GPUs' registrations unreadable.
   std::unordered_map<std::string_view,
                      std::optional<std::unordered_map<std::string_view, PackedRegistration>>>
       packed_of;
-  for (std::size_t i = 0; i + 3 < hosts.elements.size(); i += 4) {
+  namespace host = snapshot_reply::host;
+  for (std::size_t i = 0; i + host::kWidth <= hosts.elements.size(); i += host::kWidth) {
+    const RedisValue* h = &hosts.elements[i];
     out.hosts.push_back(HostEntry{
-        hosts.elements[i].text,
-        static_cast<long long>(whole_number<double>(hosts.elements[i + 1].text).value_or(0))});
-    if (!hosts.elements[i + 3].text.empty())
-      packed_of.emplace(hosts.elements[i].text, unpack_registrations(hosts.elements[i + 3].text));
+        h[host::kName].text,
+        static_cast<long long>(whole_number<double>(h[host::kRegisteredAtMs].text).value_or(0))});
+    if (!h[host::kPacked].text.empty())
+      packed_of.emplace(h[host::kName].text, unpack_registrations(h[host::kPacked].text));
   }
 
-  const RedisValue& gpus = element(reply, 3);
+  namespace field = snapshot_reply::gpu;
+  const RedisValue& gpus = element(reply, part::kGpus);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    parsed_devices_wanted_ = std::max(parsed_devices_wanted_, gpus.elements.size() / 8);
+    parsed_devices_wanted_ = std::max(parsed_devices_wanted_, gpus.elements.size() / field::kWidth);
   }
-  out.gpus.reserve(gpus.elements.size() / 8);
-  for (std::size_t i = 0; i + 7 < gpus.elements.size(); i += 8) {
+  out.gpus.reserve(gpus.elements.size() / field::kWidth);
+  for (std::size_t i = 0; i + field::kWidth <= gpus.elements.size(); i += field::kWidth) {
+    const RedisValue* g = &gpus.elements[i];
     Gpu gpu;
-    const std::string& uuid = gpus.elements[i].text;
-    gpu.host = gpus.elements[i + 1].text;
-    gpu.lock = gpus.elements[i + 5].text;
-    gpu.lock_ttl_ms = integer_of(gpus.elements[i + 6]);
+    const std::string& uuid = g[field::kUuid].text;
+    gpu.host = g[field::kHost].text;
+    gpu.lock = g[field::kLock].text;
+    gpu.lock_ttl_ms = integer_of(g[field::kLockTtlMs]);
     if (!gpu.lock.empty() && gpu.lock != redis_scripts::kGarbageLock &&
         gpu.lock != redis_scripts::kDamagedShares && gpu.lock != redis_scripts::kSharedMark &&
         !is_lease_id(gpu.lock))
       gpu.lock = redis_scripts::kGarbageLock;
     if (gpu.shared()) {
       // One line per live reservation: "LEASE_ID UNITS PTTL"; unreadable ones are skipped.
-      for (const std::string& line : split(gpus.elements[i + 7].text, '\n')) {
+      for (const std::string& line : split(g[field::kShares].text, '\n')) {
         const std::vector<std::string> fields = split(line, ' ');
         if (fields.size() != 3 || !is_lease_id(fields[0])) continue;
         const auto units = whole_number<std::uint64_t>(fields[1]);
@@ -221,8 +227,8 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
         gpu.shares.push_back(Share{fields[0], *units, *ttl});
       }
     }
-    std::string_view static_json = gpus.elements[i + 2].text;
-    std::string_view readings_json = gpus.elements[i + 3].text;
+    std::string_view static_json = g[field::kInfo].text;
+    std::string_view readings_json = g[field::kReadings].text;
     if (const auto packed = packed_of.find(gpu.host); packed != packed_of.end()) {
       static_json = readings_json = {};
       if (packed->second)
@@ -286,23 +292,27 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
     }
   }
 
-  const RedisValue& leases = element(reply, 4);
-  for (std::size_t i = 0; i + 4 < leases.elements.size(); i += 5) {
+  namespace lease = snapshot_reply::lease;
+  const RedisValue& leases = element(reply, part::kLeases);
+  for (std::size_t i = 0; i + lease::kWidth <= leases.elements.size(); i += lease::kWidth) {
+    const RedisValue* l = &leases.elements[i];
     LeaseEntry entry;
-    const std::string& id = leases.elements[i].text;
-    entry.record = parse_holder_record(leases.elements[i + 1].text);
+    const std::string& id = l[lease::kId].text;
+    entry.record = parse_holder_record(l[lease::kRecord].text);
     if (entry.record && entry.record->lease_id != id) entry.record.reset();
-    entry.token = whole_number<std::uint64_t>(leases.elements[i + 2].text).value_or(0);
-    entry.ttl_ms = integer_of(leases.elements[i + 3]);
-    entry.user = leases.elements[i + 4].text;
+    entry.token = whole_number<std::uint64_t>(l[lease::kToken].text).value_or(0);
+    entry.ttl_ms = integer_of(l[lease::kTtlMs]);
+    entry.user = l[lease::kUser].text;
     out.leases.emplace(id, std::move(entry));
   }
 
-  const RedisValue& tickets = element(reply, 5);
-  for (std::size_t i = 0; i + 5 < tickets.elements.size(); i += 6) {
-    const std::string& id = tickets.elements[i].text;
-    std::optional<Ticket> ticket = queued_ticket(tickets.elements[i + 2].text);
-    const auto seq = whole_number<double>(tickets.elements[i + 1].text);
+  namespace queued = snapshot_reply::ticket;
+  const RedisValue& tickets = element(reply, part::kTickets);
+  for (std::size_t i = 0; i + queued::kWidth <= tickets.elements.size(); i += queued::kWidth) {
+    const RedisValue* t = &tickets.elements[i];
+    const std::string& id = t[queued::kId].text;
+    std::optional<Ticket> ticket = queued_ticket(t[queued::kBody].text);
+    const auto seq = whole_number<double>(t[queued::kSeq].text);
     if (!ticket || ticket->id != id || !seq || *seq < 1 || *seq > 9e15) {
       out.warnings.push_back(
           fmt::format("queue entry {} is unreadable and ignored", sanitize_for_display(id, 40)));
@@ -310,20 +320,21 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
     }
     ticket->seq = static_cast<std::uint64_t>(*seq);
     out.ticket_uids.push_back(ticket->uid);
-    out.ticket_ttl_ms.push_back(integer_of(tickets.elements[i + 5]));
+    out.ticket_ttl_ms.push_back(integer_of(t[queued::kTtlMs]));
     ticket->uid = plan_uid(ticket->user);
-    if (const auto served = whole_number<std::int64_t>(tickets.elements[i + 4].text))
+    if (const auto served = whole_number<std::int64_t>(t[queued::kServed].text))
       out.user_last_served[ticket->user] = *served;
     out.tickets.push_back(std::move(*ticket));
   }
 
-  // {user, whole GPUs, shared reservations as "UNITS MEMORY_TOTAL" lines}...
-  const RedisValue& elsewhere = element(reply, 6);
-  for (std::size_t i = 0; i + 2 < elsewhere.elements.size(); i += 3) {
-    const std::string& name = elsewhere.elements[i].text;
-    if (const long long whole = integer_of(elsewhere.elements[i + 1]); whole > 0)
+  namespace other = snapshot_reply::elsewhere;
+  const RedisValue& elsewhere = element(reply, part::kElsewhere);
+  for (std::size_t i = 0; i + other::kWidth <= elsewhere.elements.size(); i += other::kWidth) {
+    const RedisValue* e = &elsewhere.elements[i];
+    const std::string& name = e[other::kUser].text;
+    if (const long long whole = integer_of(e[other::kWholeGpus]); whole > 0)
       out.held_elsewhere[name] = static_cast<unsigned>(std::min<long long>(whole, 1 << 20));
-    for (const std::string& line : split(elsewhere.elements[i + 2].text, '\n')) {
+    for (const std::string& line : split(e[other::kShared].text, '\n')) {
       const std::vector<std::string> fields = split(line, ' ');
       if (fields.size() != 2) continue;
       const auto units = whole_number<std::uint64_t>(fields[0]);
@@ -331,11 +342,11 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
       if (units && total) out.shared_elsewhere[name] += shared_part(*units, *total);
     }
   }
-  out.whole_pool = integer_of(element(reply, 7)) != 0;
-  out.server_us = parse_server_us(element(reply, 8).text);
-  out.frees = element(reply, 9).text;
+  out.whole_pool = integer_of(element(reply, part::kWholePool)) != 0;
+  out.server_us = parse_server_us(element(reply, part::kServerUs).text);
+  out.frees = element(reply, part::kFrees).text;
   if (!user.empty())
-    if (const auto served = whole_number<std::int64_t>(element(reply, 10).text))
+    if (const auto served = whole_number<std::int64_t>(element(reply, part::kUserServed).text))
       out.user_last_served.emplace(user, *served);
   return out;
 }

@@ -101,4 +101,39 @@ struct EnterReply {
 };
 EnterReply parse_enter_reply(const RedisValue& reply);
 
+// lua/snapshot.lua's reply, by name. Its lists are flat, one record every kWidth elements: at
+// 300 hosts a flat list costs the server and the client less than nested tables, and the
+// client reads each field in place (RedisBackend::snapshot).
+namespace snapshot_reply {
+enum Part : std::size_t {
+  kVersion,
+  kNowMs,
+  kHosts,
+  kGpus,
+  kLeases,
+  kTickets,
+  kElsewhere,  // users' leases outside the scope
+  kWholePool,  // 1 where a ticket may be served by any host
+  kServerUs,
+  kFrees,       // the count of releases
+  kUserServed,  // when the caller's user was last served
+};
+namespace host {
+enum : std::size_t { kName, kRegisteredAtMs, kInfo, kPacked, kWidth };
+}
+namespace gpu {
+enum : std::size_t { kUuid, kHost, kInfo, kReadings, kReadAt, kLock, kLockTtlMs, kShares, kWidth };
+}
+namespace lease {
+enum : std::size_t { kId, kRecord, kToken, kTtlMs, kUser, kWidth };
+}
+namespace ticket {
+enum : std::size_t { kId, kSeq, kBody, kUser, kServed, kTtlMs, kWidth };
+}
+namespace elsewhere {
+// kShared: one "UNITS MEMORY_TOTAL" line per shared reservation.
+enum : std::size_t { kUser, kWholeGpus, kShared, kWidth };
+}  // namespace elsewhere
+}  // namespace snapshot_reply
+
 }  // namespace gpulock

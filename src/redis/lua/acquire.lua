@@ -1,4 +1,5 @@
 -- needs: tokens earlier_acquire queue
+-- Its ARGV and reply by name, for the client: redis/script_calls.h.
 -- First, before any write (a script error undoes nothing): a user whom the server refuses the
 -- pool's channel fails here, at once, not only once someone waits.
 redis.call('PUBLISH', P .. 'events', 'acquiring')

@@ -1,4 +1,5 @@
 -- needs: tokens earlier_acquire queue shares
+-- Its ARGV and reply by name, for the client: redis/script_calls.h.
 redis.call('PUBLISH', P .. 'events', 'acquiring')
 local id, ttl = ARGV[1], tonumber(ARGV[2])
 -- This very request again (its answer lost): answer as its first run did.

@@ -1,4 +1,5 @@
 -- needs:
+-- Its ARGV and reply by name, for the client: redis/script_calls.h.
 redis.call('PUBLISH', P .. 'events', 'entering')  -- first: see register
 -- ARGV[6], if given, is the version of the caller's snapshot: the reply says whether the pool
 -- was still that one (so that the caller's plan, with itself at the back, stands).

@@ -269,5 +269,6 @@ local served = ''
 if ARGV[2] and ARGV[2] ~= '' then
   served = served_of[ARGV[2]] or get(P .. 'served:' .. ARGV[2])
 end
+-- The client reads this reply by the names of redis/script_calls.h (snapshot_reply).
 return {current_version(), now_ms, hosts_out, gpus_out, leases_out, tickets_out, elsewhere_out,
         whole and 1 or 0, now_us, get(P .. 'frees'), served}
