@@ -19,6 +19,7 @@
 #include "backend/request_checks.h"
 #include "gpulock/error.hpp"
 #include "gpulock/parse.hpp"
+#include "local/dispatcher_role.h"
 #include "local/fork_guard.h"
 #include "local/gpu_lock_file.h"
 #include "local/local_lease_keeper.h"
@@ -33,17 +34,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The kernel queues IN_CLOSE_WRITE just before it drops the closed file's OFD lock, so a waiter
-// woken by a release can find the lock still held for a moment. After each wake-up it therefore
-// checks again after these short pauses (or at once on a further event) before sleeping long.
-// The later ones cover a closing process preempted between the two steps on a loaded machine.
-constexpr std::chrono::milliseconds kQuickRechecks[] = {
-    std::chrono::milliseconds(1), std::chrono::milliseconds(4), std::chrono::milliseconds(20),
-    std::chrono::milliseconds(100), std::chrono::milliseconds(500)};
-
-// How many of the oldest waiters follow releases and departures (see wait_channel.h): with
-// three, a departure is acted on even when two of them are stopped.
-constexpr std::size_t kDispatchers = 3;
+constexpr std::size_t kDispatchers = DispatcherRole::kDispatchers;
 
 }  // namespace
 
@@ -119,7 +110,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   // given back when it leaves (wait_channel.h).
   std::optional<WaitChannel> channel;
   OwnTicket ticket;
-  int quick_rechecks = 0;  // left after a wake-up; see kQuickRechecks
+  QuickRechecks quick_rechecks;  // after a wake-up
   // The waiters that follow releases (the oldest kDispatchers), as this waiter last saw them.
   // Whoever sees a waiter join that pair wakes it, since nothing else tells it of its new role.
   std::vector<std::string> seen_dispatchers;
@@ -163,15 +154,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   // The ring: the waiter this one watches, and one found ended, whose slot goes at the next plan.
   std::optional<IndexEntry> watching;
   std::optional<IndexEntry> watched_gone;
-  bool oldest = false;  // the oldest waiter (it also sweeps the queue at its safety re-check)
-  // When it last swept, or became the oldest: the safety interval counts from there, so that in a
-  // queue served quickly (a sweep launched at once) the waiters that become the oldest in turn,
-  // each after a long wait, do not each read every ticket as they come to the front.
-  Clock::time_point last_sweep = start;
-  const auto become_oldest = [&] {
-    if (!oldest) last_sweep = Clock::now();
-    oldest = true;
-  };
+  DispatcherRole role(start);
   // A waiter that leaves the queue alive wakes the one after it, which watched its process and
   // must now watch the one before it (whoever leaves dead, the pidfd tells).
   struct WakeSuccessorOnExit {
@@ -186,11 +169,6 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
   QueueSnapshot snapshot;
   std::size_t me = 0;
   bool planned = false;
-  bool dispatcher = false;
-  bool backup_dispatcher = false;  // a dispatcher other than the oldest waiter
-  bool recheck_cheaply = false;
-  bool promoted = false;         // told it is a dispatcher now, with nothing else to plan for
-  bool made_oldest = false;      // ... and the oldest waiter (the one before it was served)
   bool shared_in_queue = false;  // the last plan had shared requests (a GPU in use may have room)
   // Waits for an event on the channel or the ticket's FIFO, at most `slice` and no longer than the
   // caller's interrupt poll; stops if the caller's interrupt asks.
@@ -229,26 +207,13 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     // changed who is served, the last plan stands, and a hand-off costs one plan however many
     // dispatchers hear of it. (The released lock may not be dropped yet when the event comes;
     // the quick re-checks look again.)
-    if (promoted && ticket) {
-      // Made a dispatcher by a waiter that left: follow releases and departures from now on,
-      // then look whether any GPU is free, as any dispatcher that starts to watch does.
-      if (!dispatcher) {
-        dispatcher = backup_dispatcher = true;
-        channel->watch_releases(dir_.fd(), true);
-      }
-      recheck_cheaply = true;
-      // The oldest now: no longer a backup that lets releases wait backup_dispatcher_delay.
-      if (made_oldest) {
-        backup_dispatcher = false;
-        become_oldest();
-      }
-    }
-    made_oldest = false;
-    promoted = false;
+    // Made a dispatcher by a waiter that left: follow releases and departures from now on.
+    if (role.start_round(static_cast<bool>(ticket), Clock::now()))
+      channel->watch_releases(dir_.fd(), true);
     // (A GPU in shared use may still have room: with shared requests waiting, always plan.)
-    const bool skip_plan = recheck_cheaply && planned && ticket && !waiting_limits &&
-                           !shared_in_queue && every_gpu_held(devices);
-    recheck_cheaply = false;
+    const bool cheap = role.take_cheap_recheck();
+    const bool skip_plan = cheap && planned && ticket && !waiting_limits && !shared_in_queue &&
+                           every_gpu_held(devices);
     if (!skip_plan) {
       WakesAfterRelease wakes{*this, {}};
       AcquireMutex::Hold held = hold_acquire_mutex(deadline, start, hooks);
@@ -259,9 +224,9 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         watched_gone.reset();
       }
       // The oldest waiter's safety re-check also clears what dead waiters left behind.
-      if (oldest && Clock::now() - last_sweep >= options_.safety_recheck_interval) {
+      if (role.sweep_due(Clock::now(), options_.safety_recheck_interval)) {
         sweep_queue();
-        last_sweep = Clock::now();
+        role.swept(Clock::now());
       }
       QueueDirectory::Listing listing = list_queue_index();
       // Holder records are read only when someone's share or limit depends on them.
@@ -449,17 +414,11 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // The three oldest waiters follow releases and departures, so that stopped waiters
         // (Ctrl-Z stops a script's whole process group) cannot hold up everyone's hand-offs
         // unless three are stopped; the others sleep until someone wakes them.
-        dispatcher = k < kDispatchers;
-        backup_dispatcher = dispatcher && k > 0;
-        if (k == 0) {
-          become_oldest();
-        } else {
-          oldest = false;
-        }
+        role.place(k, Clock::now());
         // Having just started to watch, look at the locks again: a release between our look
         // and the watch would otherwise go unnoticed.
-        if (channel->watch_releases(dir_.fd(), dispatcher)) {
-          recheck_cheaply = true;
+        if (channel->watch_releases(dir_.fd(), role.dispatches())) {
+          role.recheck_cheaply();
           continue;
         }
         // The ring: each waiter watches the one before it. (The oldest is a dispatcher, which
@@ -527,23 +486,21 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
     // safety re-check is rare, so that a thousand idle waiters cost no CPU.
     // Memory used outside gpulock changes without an event: while shared requests wait, the
     // dispatchers (and only they) look again as often as for health.
-    auto sleep = !dispatcher ? options_.safety_recheck_interval * 60
+    auto sleep = !role.dispatches() ? options_.safety_recheck_interval * 60
                  : snapshot.health_dependent() || shared_in_queue
                      ? options_.health_recheck_interval
                      : options_.safety_recheck_interval;
     // A waiter that sleeps until woken keeps no plan: its copy of the queue (each ticket ahead
     // of it) would make the memory of N waiters grow as N squared. What the plan's reading left
     // on the heap goes back to the kernel too; the next wake plans anew.
-    if (!dispatcher) {
+    if (!role.dispatches()) {
       snapshot = QueueSnapshot{};
       planned = false;
       ::malloc_trim(0);
     }
-    const bool quick = quick_rechecks > 0;
-    if (quick) {
-      sleep = std::min(sleep, kQuickRechecks[std::size(kQuickRechecks) - quick_rechecks]);
-      --quick_rechecks;
-    }
+    const std::optional<std::chrono::milliseconds> pause = quick_rechecks.take();
+    const bool quick = pause.has_value();
+    if (pause) sleep = std::min(sleep, *pause);
     const auto wake_at = Clock::now() + sleep;
     bool event = false;      // a release or a departure
     bool must_plan = false;  // woken through the FIFO, or the watched waiter ended
@@ -559,12 +516,11 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       const WaitChannel::Wakeup woke = wait_for_event(slice);
       // The kernel reports a close just before it drops the closed file's lock (a lease's,
       // or a dead waiter's ticket's): look again shortly after any wake-up.
-      if (!woke.timed_out()) quick_rechecks = static_cast<int>(std::size(kQuickRechecks));
+      if (!woke.timed_out()) quick_rechecks.arm();
       event |= !woke.timed_out() && !woke.promoted;
       must_plan |= woke.woken || woke.watched_ended;
-      promoted |= woke.promoted;
-      made_oldest |= woke.made_oldest;
-      if (!woke.timed_out() && backup_dispatcher && !made_oldest && !must_plan) {
+      role.hear_promotion(woke.promoted, woke.made_oldest);
+      if (!woke.timed_out() && role.is_backup() && !role.made_oldest_pending() && !must_plan) {
         // The oldest waiter normally handles this at once; the others are its backups (for
         // when it is stopped) and give it, and the waiter it serves, the mutex first.
         // The whole delay, not until the next event: in a busy queue events come every few
@@ -576,12 +532,11 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
         // progress line due meanwhile waits for the delay's end: it shows nothing new.)
         const auto until = std::min(deadline, Clock::now() + options_.backup_dispatcher_delay);
         for (auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now());
-             !must_plan && !made_oldest && left.count() > 0;
+             !must_plan && !role.made_oldest_pending() && left.count() > 0;
              left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now())) {
           const WaitChannel::Wakeup later = wait_for_event(left);
           must_plan |= later.woken || later.watched_ended;
-          promoted |= later.promoted;
-          made_oldest |= later.made_oldest;
+          role.hear_promotion(later.promoted, later.made_oldest);
         }
       }
       // The waiter this one watches ended (the pidfd fired, and the channel stopped watching).
@@ -592,8 +547,7 @@ Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks)
       const auto now = Clock::now();
       if (!woke.timed_out() || now >= wake_at || now >= deadline || hooks.progress_refresh) break;
     }
-    recheck_cheaply = dispatcher && !must_plan && (event || quick);
-    if (must_plan) promoted = false;
+    role.woke(must_plan, event || quick);
   }
 }
 
