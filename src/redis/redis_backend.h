@@ -20,6 +20,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "backend/acquire_loop.h"
 #include "backend/holder_record.h"
 #include "backend/lease_backend.h"
 #include "backend/lock_state.h"
@@ -37,10 +38,10 @@ class RedisBackend final : public LeaseBackend {
   RedisBackend(std::unique_ptr<DeviceSource> source, Config config, const PoolOptions& options,
                RedisSettings settings);
 
+  // An exclusive lease (redis_acquire.cc) or, for request.memory_bytes or request.slots, a
+  // shared one: reservations of GPUs' memory (redis_acquire_shared.cc); both through
+  // run_acquire_loop() (redis_round.cc).
   Lease acquire(const LeaseRequest& request, const WaitHooks& hooks) override;
-  // A shared lease (request.memory_bytes or request.slots): reservations of GPUs' memory
-  // (redis_acquire_shared.cc).
-  Lease acquire_shared(const LeaseRequest& request, const WaitHooks& hooks);
   PoolStatus status() override { return status(/*whole_pool=*/false); }
   PoolStatus pool_status() override { return status(/*whole_pool=*/true); }
   QueueStatus queue() override;
@@ -116,6 +117,17 @@ class RedisBackend final : public LeaseBackend {
   };
 
  private:
+  // The rounds of an acquire (redis_round.h): nested, so that they reach the pool's parts.
+  class Round;
+  class ExclusiveRound;
+  class SharedRound;
+  std::unique_ptr<Round> exclusive_round(const LeaseRequest& request, const WaitHooks& hooks,
+                                         const AcquireWait& wait, std::string user);
+  std::unique_ptr<Round> shared_round(const LeaseRequest& request, const WaitHooks& hooks,
+                                      const AcquireWait& wait, std::string user);
+  // Throws kInvalidArgument for a shared request's memory or slots that make no sense.
+  static void check_shared_request(const LeaseRequest& request);
+
   // This host's devices, registered in Redis when they changed or the registration is old.
   std::vector<Device> register_devices(RedisConnection& connection, bool force = false);
   // Registers `devices` as this host's (readings as read by the caller).
