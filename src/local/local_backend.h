@@ -55,6 +55,10 @@ class LocalBackend final : public LeaseBackend {
   std::shared_ptr<UsageJournal> journal() override { return journal_; }
 
  private:
+  // A round of an acquire (local_acquire.cc), below run_acquire_loop(); nested, so that it
+  // reaches the pool's parts.
+  class Round;
+
   // Locks exactly these GPUs and writes the holder records; nullopt if one is locked outside
   // gpulock's protocol, or `replaced` if a lock file was swapped meanwhile.
   // REQUIRES: the acquire mutex is held.
