@@ -105,105 +105,193 @@ std::vector<std::pair<std::string, std::string>> lease_environment(const Lease& 
   return env;
 }
 
-int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleFormat format,
-                LeaseLossAction on_loss, const std::function<bool()>& check,
-                std::chrono::milliseconds check_period, bool dies_with_runner) {
-  if (argv.empty()) throw Error(ErrorCode::kInvalidArgument, "no command to run");
+namespace {
 
-  // Prepare everything the child needs before forking: after fork it only execs.
-  const std::vector<std::string> env_strings = build_environment(lease, format);
-  std::vector<char*> envp, args;
-  for (const auto& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
+// The signals run_command() reads from a signalfd while the command runs (blocked for this
+// thread meanwhile), and SIGCHLD's default action: both as they were again once it is gone.
+class CommandSignals {
+ public:
+  CommandSignals() {
+    sigemptyset(&handled_);
+    for (int s : kForwardedSignals) sigaddset(&handled_, s);
+    sigaddset(&handled_, SIGCHLD);
+    // Read, not forwarded: a process stopped past its Redis lease's TTL learns of the loss from
+    // the clock the moment it continues (SIGSTOP cannot be caught; the SIGCONT that ends it can).
+    sigaddset(&handled_, SIGCONT);
+    // If SIGCHLD was inherited as ignored, the kernel would reap the command itself and never
+    // tell us it ended: take the default back.
+    struct sigaction default_chld {};
+    default_chld.sa_handler = SIG_DFL;
+    ::sigaction(SIGCHLD, &default_chld, &previous_chld_);
+    if (::sigprocmask(SIG_BLOCK, &handled_, &caller_mask_) != 0) {
+      const int error = errno;
+      ::sigaction(SIGCHLD, &previous_chld_, nullptr);
+      throw Error(ErrorCode::kInternal, errno_message("sigprocmask", error));
+    }
+    fd_ = UniqueFd(::signalfd(-1, &handled_, SFD_CLOEXEC));
+    if (!fd_) {
+      const int error = errno;
+      restore();
+      throw Error(ErrorCode::kInternal, errno_message("signalfd", error));
+    }
+  }
+  ~CommandSignals() {
+    fd_ = UniqueFd();
+    restore();
+  }
+  CommandSignals(const CommandSignals&) = delete;
+  CommandSignals& operator=(const CommandSignals&) = delete;
 
-  sigset_t handled, previous;
-  sigemptyset(&handled);
-  for (int s : kForwardedSignals) sigaddset(&handled, s);
-  sigaddset(&handled, SIGCHLD);
-  // Read, not forwarded: a process stopped past its Redis lease's TTL learns of the loss from the
-  // clock the moment it continues (SIGSTOP cannot be caught; the SIGCONT that ends it can).
-  sigaddset(&handled, SIGCONT);
-  // If SIGCHLD was inherited as ignored, the kernel would reap the command itself and never
-  // tell us it ended: take the default back (restored when we return).
-  struct sigaction default_chld {
-  }, previous_chld{};
-  default_chld.sa_handler = SIG_DFL;
-  ::sigaction(SIGCHLD, &default_chld, &previous_chld);
-  struct ChldRestorer {
-    struct sigaction action;
-    ~ChldRestorer() { ::sigaction(SIGCHLD, &action, nullptr); }
-  } restore_chld{previous_chld};
-  if (::sigprocmask(SIG_BLOCK, &handled, &previous) != 0)
-    throw Error(ErrorCode::kInternal, errno_message("sigprocmask", errno));
-  struct MaskRestorer {
-    sigset_t mask;
-    ~MaskRestorer() { ::sigprocmask(SIG_SETMASK, &mask, nullptr); }
-  } restore{previous};
-  UniqueFd signals(::signalfd(-1, &handled, SFD_CLOEXEC));
-  if (!signals) throw Error(ErrorCode::kInternal, errno_message("signalfd", errno));
+  int fd() const { return fd_.get(); }
+  // The caller's signal mask, which the command starts with.
+  const sigset_t& caller_mask() const { return caller_mask_; }
 
-  // The lease keeper's thread reports a lost lease here (Redis backend).
-  // Shared with the callback, so that a late call never writes to a closed descriptor.
-  const auto lost_fd = std::make_shared<UniqueFd>(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!*lost_fd) throw Error(ErrorCode::kInternal, errno_message("eventfd", errno));
-  // Said once, by whoever learns of the loss first: the keeper's thread, or this thread reading
-  // the lease's clock after a pause (the command may be gone before the thread runs).
-  const auto announced = std::make_shared<std::atomic<bool>>(false);
-  const auto announce = [announced, id = lease.id(), on_loss](const std::string& reason) {
-    if (announced->exchange(true)) return;
+ private:
+  void restore() {
+    ::sigprocmask(SIG_SETMASK, &caller_mask_, nullptr);
+    ::sigaction(SIGCHLD, &previous_chld_, nullptr);
+  }
+
+  sigset_t handled_{};
+  sigset_t caller_mask_{};
+  struct sigaction previous_chld_ {};
+  UniqueFd fd_;
+};
+
+// How run_command() hears that its lease was lost: the keeper's thread reports it through an
+// eventfd (Redis backend), and the loss is said once, by whoever learns of it first (that thread,
+// or run_command() reading the lease's clock after a pause: the command may be gone before the
+// thread runs).
+class LossWatch {
+ public:
+  LossWatch(Lease& lease, LeaseLossAction on_loss)
+      : lease_(lease),
+        // Shared with the callback, so that a late call never writes to a closed descriptor.
+        fd_(std::make_shared<UniqueFd>(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK))),
+        announced_(std::make_shared<std::atomic<bool>>(false)),
+        id_(lease.id()),
+        on_loss_(on_loss) {
+    if (!*fd_) throw Error(ErrorCode::kInternal, errno_message("eventfd", errno));
+    lease.on_lost([fd = fd_, announced = announced_, id = id_, on_loss](const std::string& reason) {
+      say(*announced, id, on_loss, reason);
+      const std::uint64_t one = 1;
+      [[maybe_unused]] const ssize_t n = ::write(fd->get(), &one, sizeof one);
+    });
+  }
+  ~LossWatch() { lease_.on_lost(nullptr); }
+  LossWatch(const LossWatch&) = delete;
+  LossWatch& operator=(const LossWatch&) = delete;
+
+  int fd() const { return fd_->get(); }
+  void drain() const {
+    std::uint64_t count = 0;
+    [[maybe_unused]] const ssize_t n = ::read(fd_->get(), &count, sizeof count);
+  }
+  void announce(const std::string& reason) const { say(*announced_, id_, on_loss_, reason); }
+
+ private:
+  static void say(std::atomic<bool>& announced, const std::string& id, LeaseLossAction on_loss,
+                  const std::string& reason) {
+    if (announced.exchange(true)) return;
     std::fprintf(stderr, "gpulock: warning: lease %s lost: %s. %s\n", id.c_str(), reason.c_str(),
                  on_loss == LeaseLossAction::kKill
                      ? "Stopping the command (--on-lease-loss=kill)."
                      : "The command keeps running, but its GPUs may be given to others.");
-  };
-  lease.on_lost([lost_fd, announce](const std::string& reason) {
-    announce(reason);
-    const std::uint64_t one = 1;
-    [[maybe_unused]] const ssize_t n = ::write(lost_fd->get(), &one, sizeof one);
-  });
-  struct LossCallbackReset {
-    Lease& lease;
-    ~LossCallbackReset() { lease.on_lost(nullptr); }
-  } reset_callback{lease};
-  bool killing = false;
-  bool check_stopped = false;
-  std::chrono::steady_clock::time_point kill_at;
-  auto next_check = std::chrono::steady_clock::now() + check_period;
-  bool loss_seen = false;
+  }
 
-  // posix_spawn (a vfork-like clone in glibc) rather than fork: it neither copies our page
-  // tables nor leaves our pages copy-on-write, which made fork most of what `gpulock run` cost
-  // between taking its GPUs and the command's start. The command inherits the lease's lock
-  // descriptors (a dup2 of a descriptor onto itself clears its close-on-exec flag), starts with
-  // default SIGPIPE handling even if our caller ignores it (the CLI does, to see write errors;
-  // ignored signals would otherwise survive exec), and with our caller's signal mask.
+  Lease& lease_;
+  std::shared_ptr<UniqueFd> fd_;
+  std::shared_ptr<std::atomic<bool>> announced_;
+  std::string id_;
+  LeaseLossAction on_loss_;
+};
+
+// The posix_spawn set-up of a command: its descriptors and attributes, destroyed with it.
+struct SpawnSetup {
   posix_spawn_file_actions_t actions;
   posix_spawnattr_t attributes;
-  if (::posix_spawn_file_actions_init(&actions) != 0 || ::posix_spawnattr_init(&attributes) != 0)
-    throw Error(ErrorCode::kInternal, "cannot prepare to start the command");
-  struct SpawnCleanup {
-    posix_spawn_file_actions_t& actions;
-    posix_spawnattr_t& attributes;
-    ~SpawnCleanup() {
+  SpawnSetup() {
+    if (::posix_spawn_file_actions_init(&actions) != 0)
+      throw Error(ErrorCode::kInternal, "cannot prepare to start the command");
+    if (::posix_spawnattr_init(&attributes) != 0) {
       ::posix_spawn_file_actions_destroy(&actions);
-      ::posix_spawnattr_destroy(&attributes);
+      throw Error(ErrorCode::kInternal, "cannot prepare to start the command");
     }
-  } spawn_cleanup{actions, attributes};
-  // Where the spawn cannot clear it, the lock descriptors lose close-on-exec here for the moment
-  // of the spawn (no other thread of ours starts programs meanwhile).
-  struct InheritedByTheSpawn {
-    std::span<const int> fds;
-    bool cleared = false;
-    ~InheritedByTheSpawn() {
-      if (cleared)
-        for (int fd : fds) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  ~SpawnSetup() {
+    ::posix_spawn_file_actions_destroy(&actions);
+    ::posix_spawnattr_destroy(&attributes);
+  }
+  SpawnSetup(const SpawnSetup&) = delete;
+  SpawnSetup& operator=(const SpawnSetup&) = delete;
+};
+
+// Where the spawn cannot clear it, the lock descriptors lose close-on-exec for the moment of the
+// spawn (no other thread of ours starts programs meanwhile), and get it back after.
+struct InheritedByTheSpawn {
+  std::span<const int> fds;
+  bool cleared = false;
+  ~InheritedByTheSpawn() {
+    if (cleared)
+      for (int fd : fds) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+};
+
+// fork and exec, for a command that must die with the runner (posix_spawn cannot ask for a
+// death signal): in the child only async-signal-safe steps before exec. Returns the error of
+// the exec, or 0.
+int fork_with_death_signal(Lease& lease, std::vector<char*>& args, std::vector<char*>& envp,
+                           const sigset_t& mask, pid_t* child) {
+  const pid_t runner = ::getpid();
+  int ready[2];
+  if (::pipe2(ready, O_CLOEXEC) != 0)
+    throw Error(ErrorCode::kInternal, errno_message("pipe2", errno));
+  *child = ::fork();
+  if (*child == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != runner) ::_exit(137);  // the runner died before the line above
+    for (int fd : lease.lock_fds()) ::fcntl(fd, F_SETFD, 0);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::sigprocmask(SIG_SETMASK, &mask, nullptr);
+    ::execvpe(args[0], args.data(), envp.data());
+    const int error = errno;
+    [[maybe_unused]] const ssize_t n = ::write(ready[1], &error, sizeof error);
+    ::_exit(127);
+  }
+  ::close(ready[1]);
+  int spawn_error = 0;
+  if (*child < 0) {
+    spawn_error = errno;
+  } else {
+    int error = 0;
+    ssize_t n;
+    while ((n = ::read(ready[0], &error, sizeof error)) < 0 && errno == EINTR) {
     }
-  } inherited{lease.lock_fds()};
+    if (n == static_cast<ssize_t>(sizeof error)) {
+      spawn_error = error;
+      ::waitpid(*child, nullptr, 0);
+    }
+  }
+  ::close(ready[0]);
+  return spawn_error;
+}
+
+// Starts the command with the lease's lock descriptors inherited. Returns the error number of
+// a command that could not be started, or 0 with its pid in *child.
+//
+// posix_spawn (a vfork-like clone in glibc) rather than fork: it neither copies our page tables
+// nor leaves our pages copy-on-write, which made fork most of what `gpulock run` cost between
+// taking its GPUs and the command's start. The command inherits the lease's lock descriptors (a
+// dup2 of a descriptor onto itself clears its close-on-exec flag), starts with default SIGPIPE
+// handling even if our caller ignores it (the CLI does, to see write errors; ignored signals
+// would otherwise survive exec), and with our caller's signal mask (`mask`).
+int spawn_command(Lease& lease, std::vector<char*>& args, std::vector<char*>& envp,
+                  const sigset_t& mask, bool dies_with_runner, pid_t* child) {
+  SpawnSetup setup;
+  InheritedByTheSpawn inherited{lease.lock_fds()};
   if (spawn_dup2_onto_itself_clears_cloexec()) {
     for (int fd : lease.lock_fds())
-      check_spawn_setup(::posix_spawn_file_actions_adddup2(&actions, fd, fd),
+      check_spawn_setup(::posix_spawn_file_actions_adddup2(&setup.actions, fd, fd),
                         "posix_spawn_file_actions_adddup2");
   } else {
     inherited.cleared = true;
@@ -223,144 +311,111 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
     default_signals.__val[(internal - 1) / kBits] |= 1UL << ((internal - 1) % kBits);
   }
 #endif
-  check_spawn_setup(::posix_spawnattr_setsigdefault(&attributes, &default_signals),
+  check_spawn_setup(::posix_spawnattr_setsigdefault(&setup.attributes, &default_signals),
                     "posix_spawnattr_setsigdefault");
-  check_spawn_setup(::posix_spawnattr_setsigmask(&attributes, &previous),
+  check_spawn_setup(::posix_spawnattr_setsigmask(&setup.attributes, &mask),
                     "posix_spawnattr_setsigmask");
   check_spawn_setup(
-      ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK),
+      ::posix_spawnattr_setflags(&setup.attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK),
       "posix_spawnattr_setflags");
-  pid_t child = -1;
-  int spawn_error = 0;
-  if (dies_with_runner) {
-    // posix_spawn cannot ask for a death signal: fork, and in the child only async-signal-safe
-    // steps before exec (the lock descriptors were made inheritable above, or are here).
-    const pid_t runner = ::getpid();
-    int ready[2];
-    if (::pipe2(ready, O_CLOEXEC) != 0)
-      throw Error(ErrorCode::kInternal, errno_message("pipe2", errno));
-    child = ::fork();
-    if (child == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != runner) ::_exit(137);  // the runner died before the line above
-      for (int fd : lease.lock_fds()) ::fcntl(fd, F_SETFD, 0);
-      ::signal(SIGPIPE, SIG_DFL);
-      ::sigprocmask(SIG_SETMASK, &previous, nullptr);
-      ::execvpe(args[0], args.data(), envp.data());
-      const int error = errno;
-      [[maybe_unused]] const ssize_t n = ::write(ready[1], &error, sizeof error);
-      ::_exit(127);
-    }
-    ::close(ready[1]);
-    if (child < 0) {
-      spawn_error = errno;
-    } else {
-      int error = 0;
-      ssize_t n;
-      while ((n = ::read(ready[0], &error, sizeof error)) < 0 && errno == EINTR) {
-      }
-      if (n == static_cast<ssize_t>(sizeof error)) {
-        spawn_error = error;
-        ::waitpid(child, nullptr, 0);
-      }
-    }
-    ::close(ready[0]);
-  } else {
-    spawn_error = ::posix_spawnp(&child, args[0], &actions, &attributes, args.data(), envp.data());
-  }
-  if (spawn_error == ENOEXEC && !dies_with_runner) {
+  if (dies_with_runner) return fork_with_death_signal(lease, args, envp, mask, child);
+  int spawn_error =
+      ::posix_spawnp(child, args[0], &setup.actions, &setup.attributes, args.data(), envp.data());
+  if (spawn_error == ENOEXEC) {
     // A script without "#!": a shell runs it with /bin/sh, as execvp does and posix_spawnp
     // (since glibc 2.28) does not. The shell finds the program as we would have.
     std::vector<char*> through_shell = {const_cast<char*>("sh"), const_cast<char*>("-c"),
                                         const_cast<char*>("exec \"$0\" \"$@\"")};
     through_shell.insert(through_shell.end(), args.begin(), args.end());
-    spawn_error =
-        ::posix_spawn(&child, "/bin/sh", &actions, &attributes, through_shell.data(), envp.data());
+    spawn_error = ::posix_spawn(child, "/bin/sh", &setup.actions, &setup.attributes,
+                                through_shell.data(), envp.data());
   }
-  if (spawn_error != 0) {
-    // As a shell says it: 127 when the program is not found, 126 when it cannot be run.
-    std::fprintf(stderr, "gpulock: cannot run '%s': %s\n", argv[0].c_str(),
-                 std::strerror(spawn_error));
-    const int status = spawn_error == ENOENT ? 127 : 126;
-    lease.set_outcome(CommandOutcome{CommandEnd::kExited, status, 0});
-    return status;
-  }
-  lease.set_holder(::getpid(), "run", child);
+  return spawn_error;
+}
 
+// The milliseconds from now until `when`, at least 0, for poll().
+int ms_until(std::chrono::steady_clock::time_point when) {
+  return static_cast<int>(std::max<long long>(
+      0,
+      std::chrono::duration_cast<std::chrono::milliseconds>(when - std::chrono::steady_clock::now())
+          .count()));
+}
+
+// Waits for the started command to end, forwarding signals, acting on a lost lease and on what
+// `check` asks. Returns its exit status (128 + the signal that killed it).
+int supervise(Lease& lease, pid_t child, const CommandSignals& signals, const LossWatch& loss,
+              LeaseLossAction on_loss, const std::function<bool()>& check,
+              std::chrono::milliseconds check_period) {
+  using Clock = std::chrono::steady_clock;
+  bool killing = false;
+  bool check_stopped = false;
+  Clock::time_point kill_at;
+  auto next_check = Clock::now() + check_period;
+  bool loss_seen = false;
+  const auto stop_command = [&] {
+    ::kill(child, SIGTERM);
+    killing = true;
+    kill_at = Clock::now() + std::chrono::seconds(kLeaseLossGraceSeconds);
+  };
   const auto act_on_loss = [&] {
     if (loss_seen) return;
     loss_seen = true;
-    if (on_loss == LeaseLossAction::kKill) {
-      ::kill(child, SIGTERM);
-      killing = true;
-      kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(kLeaseLossGraceSeconds);
-    }
+    if (on_loss == LeaseLossAction::kKill) stop_command();
   };
   while (true) {
     // The lease's own clock first: after a pause past the TTL, the keeper's thread may not have
     // run yet to report the loss, but the lease is lost already.
     if (!loss_seen && lease.lost()) {
-      announce("no renewal was confirmed for a whole TTL");
+      loss.announce("no renewal was confirmed for a whole TTL");
       act_on_loss();
     }
-    pollfd waits[2] = {{signals.get(), POLLIN, 0}, {lost_fd->get(), POLLIN, 0}};
+    pollfd waits[2] = {{signals.fd(), POLLIN, 0}, {loss.fd(), POLLIN, 0}};
     int timeout_ms = -1;
-    const auto until = [](std::chrono::steady_clock::time_point when) {
-      return static_cast<int>(std::max<long long>(
-          0, std::chrono::duration_cast<std::chrono::milliseconds>(when -
-                                                                   std::chrono::steady_clock::now())
-                 .count()));
-    };
-    if (killing) timeout_ms = until(kill_at);
+    if (killing) timeout_ms = ms_until(kill_at);
     if (check && !check_stopped)
-      timeout_ms = timeout_ms < 0 ? until(next_check) : std::min(timeout_ms, until(next_check));
+      timeout_ms =
+          timeout_ms < 0 ? ms_until(next_check) : std::min(timeout_ms, ms_until(next_check));
     if (::poll(waits, 2, timeout_ms) < 0 && errno != EINTR)
       throw Error(ErrorCode::kInternal, errno_message("poll", errno));
     if (waits[1].revents & POLLIN) {
-      std::uint64_t count = 0;
-      [[maybe_unused]] const ssize_t got_count = ::read(lost_fd->get(), &count, sizeof count);
+      loss.drain();
       act_on_loss();
     }
-    if (check && !check_stopped && std::chrono::steady_clock::now() >= next_check) {
-      next_check = std::chrono::steady_clock::now() + check_period;
+    if (check && !check_stopped && Clock::now() >= next_check) {
+      next_check = Clock::now() + check_period;
       if (check() && !killing) {
         check_stopped = true;
-        ::kill(child, SIGTERM);
-        killing = true;
-        kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(kLeaseLossGraceSeconds);
+        stop_command();
       }
     }
-    if (killing && std::chrono::steady_clock::now() >= kill_at) {
+    if (killing && Clock::now() >= kill_at) {
       ::kill(child, SIGKILL);
       killing = false;
     }
     if (!(waits[0].revents & POLLIN)) continue;
     signalfd_siginfo info{};
-    const ssize_t n = ::read(signals.get(), &info, sizeof info);
+    const ssize_t n = ::read(signals.fd(), &info, sizeof info);
     if (n < 0 && errno == EINTR) continue;
     if (n != static_cast<ssize_t>(sizeof info))
       throw Error(ErrorCode::kInternal, errno_message("read(signalfd)", errno));
     if (info.ssi_signo == SIGCONT) continue;  // the loop's first step checks the lease
     if (info.ssi_signo == SIGCHLD) {
       int status = 0;
-      const pid_t done = ::waitpid(child, &status, WNOHANG);
-      if (done == child) {
-        CommandOutcome outcome;
-        if (WIFEXITED(status)) {
-          outcome.exit_status = WEXITSTATUS(status);
-        } else if (WIFSIGNALED(status)) {
-          outcome.how = CommandEnd::kSignal;
-          outcome.signal = WTERMSIG(status);
-          outcome.exit_status = 128 + outcome.signal;
-        } else {
-          continue;  // stopped or continued: not the end
-        }
-        // Whatever way it ended, a command stopped for a lost lease ended for that.
-        if (loss_seen && on_loss == LeaseLossAction::kKill) outcome.how = CommandEnd::kLeaseLost;
-        lease.set_outcome(outcome);
-        return outcome.exit_status;
+      if (::waitpid(child, &status, WNOHANG) != child) continue;
+      CommandOutcome outcome;
+      if (WIFEXITED(status)) {
+        outcome.exit_status = WEXITSTATUS(status);
+      } else if (WIFSIGNALED(status)) {
+        outcome.how = CommandEnd::kSignal;
+        outcome.signal = WTERMSIG(status);
+        outcome.exit_status = 128 + outcome.signal;
+      } else {
+        continue;  // stopped or continued: not the end
       }
-      continue;
+      // Whatever way it ended, a command stopped for a lost lease ended for that.
+      if (loss_seen && on_loss == LeaseLossAction::kKill) outcome.how = CommandEnd::kLeaseLost;
+      lease.set_outcome(outcome);
+      return outcome.exit_status;
     }
     // A terminal sends SIGINT/SIGQUIT to the whole foreground process group (si_code SI_KERNEL):
     // when the command is in our group it has it already, and forwarding would deliver it twice.
@@ -371,6 +426,38 @@ int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleForma
       continue;
     ::kill(child, static_cast<int>(info.ssi_signo));
   }
+}
+
+}  // namespace
+
+int run_command(Lease& lease, const std::vector<std::string>& argv, VisibleFormat format,
+                LeaseLossAction on_loss, const std::function<bool()>& check,
+                std::chrono::milliseconds check_period, bool dies_with_runner) {
+  if (argv.empty()) throw Error(ErrorCode::kInvalidArgument, "no command to run");
+
+  // Prepare everything the child needs before forking: after fork it only execs.
+  const std::vector<std::string> env_strings = build_environment(lease, format);
+  std::vector<char*> envp, args;
+  for (const auto& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+
+  const CommandSignals signals;
+  const LossWatch loss(lease, on_loss);
+  pid_t child = -1;
+  const int spawn_error =
+      spawn_command(lease, args, envp, signals.caller_mask(), dies_with_runner, &child);
+  if (spawn_error != 0) {
+    // As a shell says it: 127 when the program is not found, 126 when it cannot be run.
+    std::fprintf(stderr, "gpulock: cannot run '%s': %s\n", argv[0].c_str(),
+                 std::strerror(spawn_error));
+    const int status = spawn_error == ENOENT ? 127 : 126;
+    lease.set_outcome(CommandOutcome{CommandEnd::kExited, status, 0});
+    return status;
+  }
+  lease.set_holder(::getpid(), "run", child);
+  return supervise(lease, child, signals, loss, on_loss, check, check_period);
 }
 
 }  // namespace gpulock
