@@ -185,16 +185,195 @@ Plan plan_queue(QueuePolicy policy, const std::vector<PlannedGpu>& gpus,
   return plan_queue_in_order(gpus, requests, order_queue(policy, gpus, inputs), distance, load);
 }
 
-Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRequest>& requests,
-                         const QueueOrder& order, const DistanceFunction& distance,
-                         const RequestLoader& load, std::size_t prefix,
-                         std::vector<ClaimableGpu>* claimable_after) {
-  std::map<uid_t, std::uint64_t> held_by_user;  // whole GPUs, for max_gpus
-  for (const auto& gpu : gpus)
-    if (gpu.held && gpu.holder_uid) ++held_by_user[*gpu.holder_uid];
+namespace {
 
-  // Walk the order over the GPUs. claimed: a GPU given or reserved (or held back) as a whole,
-  // and to whom. Shared requests take units of GPUs that stay open to later shared requests.
+// The walk of plan_queue_in_order() along the order over the GPUs: which are free, in shared use
+// and with how much memory left, and which a request earlier in the order was given or reserved
+// (or held back) as a whole. Shared requests take units of GPUs that stay open to later shared
+// requests.
+class PlanWalk {
+ public:
+  explicit PlanWalk(const std::vector<PlannedGpu>& gpus) {
+    for (const auto& gpu : gpus) {
+      if (gpu.held && gpu.holder_uid) ++held_by_user_[*gpu.holder_uid];
+      GpuWalk& w = walk_[gpu.uuid];
+      w.free = !gpu.held;
+      w.shared_use = gpu.held && gpu.shared_use;
+      w.total_units = gpu.total_units;
+      w.units_left = gpu.free_units;
+      w.jobs = gpu.shared_jobs;
+      w.last_leased_ns = gpu.last_leased_ns;
+    }
+  }
+
+  // Whether some GPU could still serve or be reserved by a request further back: free and not
+  // claimed, or open to shared leases with memory left. Once none is left, none comes back:
+  // only a request that takes part claims GPUs, and it needs one that is open. (Remembered, so
+  // that thousands of waiters behind the last open GPU cost one look each, not one per GPU.)
+  bool open_gpu_left() {
+    if (none_left_) return false;
+    for (const auto& [uuid, w] : walk_) {
+      if (claimed_.count(uuid)) continue;
+      if (w.free && !w.shared_given_to) return true;
+      if ((w.free || w.shared_use) && w.units_left > 0) return true;
+    }
+    none_left_ = true;
+    return false;
+  }
+
+  // Not only the open ones: a request that loads while some GPU is open also holds back GPUs in
+  // shared use without memory left, and free ones that shared requests took all of.
+  std::vector<ClaimableGpu> claimable_gpus() {
+    std::vector<ClaimableGpu> claimable;
+    if (!open_gpu_left()) return claimable;
+    for (const auto& [uuid, w] : walk_)
+      if (!claimed_.count(uuid) && (w.free || w.shared_use))
+        claimable.push_back({uuid, w.free && !w.shared_given_to, w.shared_use});
+    return claimable;
+  }
+
+  // Whether an exclusive request would take its user past max_gpus.
+  bool over_gpu_limit(const PlanRequest& r) {
+    return !r.shared() && r.limits.max_gpus &&
+           held_by_user_[r.uid] + given_to_user_[r.uid] + r.needed > *r.limits.max_gpus;
+  }
+
+  // Whether it can ever be served: its GPUs are on the machine. A request that cannot reserves
+  // nothing: holding GPUs back would only starve others.
+  bool servable_ever(const PlanRequest& r) const {
+    const auto present =
+        std::count_if(r.candidates.begin(), r.candidates.end(),
+                      [&](const std::string& uuid) { return walk_.count(uuid) > 0; });
+    return static_cast<std::size_t>(present) >= r.needed &&
+           (!r.named_gpus || present == static_cast<long>(r.candidates.size()));
+  }
+
+  // The candidates `r` could take now, in candidate order; what stands in the way of each other
+  // one goes to placement.obstacles.
+  std::vector<std::string> usable_gpus(const PlanRequest& r, Placement& placement) const {
+    const std::set<std::string> unhealthy(r.unhealthy.begin(), r.unhealthy.end());
+    std::vector<std::string> usable;
+    for (const auto& uuid : r.candidates) {
+      Obstacle obstacle{uuid, Obstacle::Kind::kHeld, std::nullopt};
+      const auto w = walk_.find(uuid);
+      const auto claim = claimed_.find(uuid);
+      if (w == walk_.end()) {
+        obstacle.kind = Obstacle::Kind::kMissing;
+      } else if (!w->second.free && !(r.shared() && w->second.shared_use)) {
+        obstacle.kind = Obstacle::Kind::kHeld;
+      } else if (claim != claimed_.end()) {
+        obstacle.kind = claim->second.given ? Obstacle::Kind::kGiven : Obstacle::Kind::kReserved;
+        obstacle.by = claim->second.by;
+      } else if (!r.shared() && w->second.shared_given_to) {
+        obstacle.kind = Obstacle::Kind::kGiven;
+        obstacle.by = w->second.shared_given_to;
+      } else if (unhealthy.count(uuid)) {
+        obstacle.kind = Obstacle::Kind::kUnhealthy;
+      } else if (r.shared() && w->second.total_units != 0 && r.job_cap &&
+                 w->second.jobs >= *r.job_cap) {
+        obstacle.kind = Obstacle::Kind::kJobCap;
+      } else if (r.shared() && (w->second.total_units == 0 ||
+                                w->second.units_left < r.units_on(w->second.total_units))) {
+        obstacle.kind = Obstacle::Kind::kFull;
+        obstacle.wanted_units = r.units_on(w->second.total_units);
+      } else {
+        usable.push_back(uuid);
+        continue;
+      }
+      placement.obstacles.push_back(std::move(obstacle));
+    }
+    return usable;
+  }
+
+  // Which of `usable` `r` takes now, as positions into it, ascending; nullopt when it waits.
+  // `alone`: the only request of the plan.
+  std::optional<std::vector<std::size_t>> choose(const PlanRequest& r,
+                                                 const std::vector<std::string>& usable,
+                                                 const Placement& placement, bool alone,
+                                                 const DistanceFunction& distance) const {
+    if (r.named_gpus) {
+      if (!placement.obstacles.empty() || usable.empty()) return std::nullopt;
+      std::vector<std::size_t> all(usable.size());
+      std::iota(all.begin(), all.end(), 0);
+      return all;
+    }
+    if (usable.size() < r.needed || r.needed == 0) return std::nullopt;
+    if (r.shared()) {
+      // Pack (the least free memory first, so whole GPUs stay whole for exclusive requests) or
+      // spread; ties in candidate order. Then back in candidate order.
+      std::vector<std::size_t> by_room(usable.size());
+      std::iota(by_room.begin(), by_room.end(), 0);
+      std::stable_sort(by_room.begin(), by_room.end(), [&](std::size_t a, std::size_t b) {
+        const auto room_a = at(usable[a]).units_left, room_b = at(usable[b]).units_left;
+        return r.spread ? room_a > room_b : room_a < room_b;
+      });
+      by_room.resize(r.needed);
+      std::sort(by_room.begin(), by_room.end());
+      return by_room;
+    }
+    // Alone: no waiter's GPU is at stake, and a lone user expects index order.
+    if (alone) return choose_gpus(usable, r.needed, distance);
+    std::vector<std::int64_t> last_leased(usable.size());
+    for (std::size_t i = 0; i < usable.size(); ++i) last_leased[i] = at(usable[i]).last_leased_ns;
+    return choose_leased_longest_ago(usable, last_leased, r.needed, distance);
+  }
+
+  // Gives request `index` the GPUs of its placement.
+  void give(const PlanRequest& r, std::size_t index, const Placement& placement) {
+    if (r.shared()) {
+      for (const auto& uuid : placement.gpus) {
+        GpuWalk& w = walk_[uuid];
+        w.units_left -= r.units_on(w.total_units);
+        ++w.jobs;
+        if (!w.shared_given_to) w.shared_given_to = index;
+      }
+      return;
+    }
+    given_to_user_[r.uid] += placement.gpus.size();
+    for (const auto& uuid : placement.gpus) claimed_[uuid] = Claim{index, true};
+  }
+
+  // Request `index` waits: what it reserves (placement.gpus; later requests may not use them)
+  // and holds back against new shared leases (placement.held_back), from the `usable` GPUs.
+  void reserve(const PlanRequest& r, std::size_t index, std::vector<std::string> usable,
+               Placement& placement) {
+    const bool servable = servable_ever(r);
+    if (servable && !r.shared()) {
+      placement.gpus = std::move(usable);
+      // Not enough free GPUs: hold back GPUs in shared use (fewest leases first) against new
+      // shared leases, so that they drain and this request gets them.
+      const std::size_t wanted = r.named_gpus ? r.candidates.size() : r.needed;
+      std::vector<std::string> drain;
+      for (const auto& uuid : r.candidates)
+        if (const auto w = walk_.find(uuid);
+            w != walk_.end() && w->second.shared_use && !claimed_.count(uuid))
+          drain.push_back(uuid);
+      std::stable_sort(drain.begin(), drain.end(),
+                       [&](const auto& a, const auto& b) { return at(a).jobs < at(b).jobs; });
+      const std::size_t more = wanted > placement.gpus.size() ? wanted - placement.gpus.size() : 0;
+      if (drain.size() > more) drain.resize(more);
+      placement.held_back = std::move(drain);
+    } else if (servable) {
+      // A shared request reserves the GPUs it waits on (the most free memory first), so that
+      // smaller requests behind it cannot take that memory as it frees up.
+      std::vector<std::string> waits_on;
+      for (const auto& uuid : r.candidates)
+        if (const auto w = walk_.find(uuid);
+            w != walk_.end() && (w->second.free || w->second.shared_use) && !claimed_.count(uuid))
+          waits_on.push_back(uuid);
+      std::stable_sort(waits_on.begin(), waits_on.end(), [&](const auto& a, const auto& b) {
+        return at(a).units_left > at(b).units_left;
+      });
+      if (!r.named_gpus && waits_on.size() > r.needed) waits_on.resize(r.needed);
+      for (auto& uuid : waits_on)
+        (at(uuid).free && !at(uuid).shared_given_to ? placement.gpus : placement.held_back)
+            .push_back(std::move(uuid));
+    }
+    for (const auto& uuid : placement.gpus) claimed_[uuid] = Claim{index, false};
+    for (const auto& uuid : placement.held_back) claimed_[uuid] = Claim{index, false};
+  }
+
+ private:
   struct GpuWalk {
     bool free = false;        // no lease holds it
     bool shared_use = false;  // held by shared leases only
@@ -204,54 +383,32 @@ Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRe
     std::optional<std::size_t> shared_given_to;  // the first shared request given part of it
     std::int64_t last_leased_ns = 0;
   };
-  std::map<std::string, GpuWalk> walk;
-  for (const auto& gpu : gpus) {
-    GpuWalk& w = walk[gpu.uuid];
-    w.free = !gpu.held;
-    w.shared_use = gpu.held && gpu.shared_use;
-    w.total_units = gpu.total_units;
-    w.units_left = gpu.free_units;
-    w.jobs = gpu.shared_jobs;
-    w.last_leased_ns = gpu.last_leased_ns;
-  }
   struct Claim {
     std::size_t by;
     bool given;
   };
-  std::map<std::string, Claim> claimed;
-  std::map<uid_t, std::uint64_t> given_to_user;
-  // Whether some GPU could still serve or be reserved by a request further back: free and not
-  // claimed, or open to shared leases with memory left.
-  // Once none is left, none comes back: only a request that takes part claims GPUs, and it
-  // needs one that is open. (Remembered, so that thousands of waiters behind the last open GPU
-  // cost one look each, not one per GPU.)
-  bool none_left = false;
-  const auto open_gpu_left = [&] {
-    if (none_left) return false;
-    for (const auto& [uuid, w] : walk) {
-      if (claimed.count(uuid)) continue;
-      if (w.free && !w.shared_given_to) return true;
-      if ((w.free || w.shared_use) && w.units_left > 0) return true;
-    }
-    none_left = true;
-    return false;
-  };
-  // Not only the open ones: a request that loads while some GPU is open also holds back GPUs
-  // in shared use without memory left, and free ones that shared requests took all of.
-  const auto list_claimable_gpus = [&] {
-    std::vector<ClaimableGpu> claimable;
-    if (!open_gpu_left()) return claimable;
-    for (const auto& [uuid, w] : walk)
-      if (!claimed.count(uuid) && (w.free || w.shared_use))
-        claimable.push_back({uuid, w.free && !w.shared_given_to, w.shared_use});
-    return claimable;
-  };
+  // A GPU of the walk (REQUIRES: one of the machine's).
+  const GpuWalk& at(const std::string& uuid) const { return walk_.find(uuid)->second; }
 
+  std::map<std::string, GpuWalk> walk_;
+  std::map<std::string, Claim> claimed_;
+  std::map<uid_t, std::uint64_t> held_by_user_;   // whole GPUs, for max_gpus
+  std::map<uid_t, std::uint64_t> given_to_user_;  // by this plan
+  bool none_left_ = false;
+};
+
+}  // namespace
+
+Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRequest>& requests,
+                         const QueueOrder& order, const DistanceFunction& distance,
+                         const RequestLoader& load, std::size_t prefix,
+                         std::vector<ClaimableGpu>* claimable_after) {
+  PlanWalk walk(gpus);
   Plan plan;
   plan.position_of.assign(requests.size(), 0);
   plan.order.reserve(requests.size());
   for (std::size_t position = 0; position < order.order.size(); ++position) {
-    if (claimable_after && position == prefix) *claimable_after = list_claimable_gpus();
+    if (claimable_after && position == prefix) *claimable_after = walk.claimable_gpus();
     const std::size_t index = order.order[position];
     const bool held_back = order.held_back[index] != 0;
     PlanRequest& r = requests[index];
@@ -259,13 +416,11 @@ Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRe
     plan.position_of[index] = plan.order.size();
     Placement& placement = plan.order.emplace_back();
     placement.request = index;
-    const bool over_gpu_limit =
-        !held_back && !r.shared() && r.limits.max_gpus &&
-        held_by_user[r.uid] + given_to_user[r.uid] + r.needed > *r.limits.max_gpus;
+    const bool over_gpu_limit = !held_back && walk.over_gpu_limit(r);
     if (r.details_pending && !held_back && !over_gpu_limit) {
       // Only a GPU that nobody earlier was given or reserved can change anything now.
       bool takes_part = false;
-      if (load && open_gpu_left()) {
+      if (load && walk.open_gpu_left()) {
         r.details_pending = false;
         takes_part = load(index, r);
       }
@@ -274,135 +429,29 @@ Plan plan_queue_in_order(const std::vector<PlannedGpu>& gpus, std::vector<PlanRe
         continue;
       }
     }
-    // Whether it can ever be served: its GPUs are on the machine. A request that cannot
-    // reserves nothing: holding GPUs back would only starve others.
-    const auto present =
-        std::count_if(r.candidates.begin(), r.candidates.end(),
-                      [&](const std::string& uuid) { return walk.count(uuid) > 0; });
-    const bool servable_ever = static_cast<std::size_t>(present) >= r.needed &&
-                               (!r.named_gpus || present == static_cast<long>(r.candidates.size()));
     if (held_back) {
       placement.standing = QueueStanding::kOverWaitingLimit;
       placement.may_enter = order.may_enter[index] != 0;
-    } else if (over_gpu_limit) {
-      placement.standing = QueueStanding::kOverGpuLimit;
-    } else {
-      const std::set<std::string> unhealthy(r.unhealthy.begin(), r.unhealthy.end());
-      std::vector<std::string> usable;
-      for (const auto& uuid : r.candidates) {
-        Obstacle obstacle{uuid, Obstacle::Kind::kHeld, std::nullopt};
-        const auto w = walk.find(uuid);
-        const auto claim = claimed.find(uuid);
-        if (w == walk.end()) {
-          obstacle.kind = Obstacle::Kind::kMissing;
-        } else if (!w->second.free && !(r.shared() && w->second.shared_use)) {
-          obstacle.kind = Obstacle::Kind::kHeld;
-        } else if (claim != claimed.end()) {
-          obstacle.kind = claim->second.given ? Obstacle::Kind::kGiven : Obstacle::Kind::kReserved;
-          obstacle.by = claim->second.by;
-        } else if (!r.shared() && w->second.shared_given_to) {
-          obstacle.kind = Obstacle::Kind::kGiven;
-          obstacle.by = w->second.shared_given_to;
-        } else if (unhealthy.count(uuid)) {
-          obstacle.kind = Obstacle::Kind::kUnhealthy;
-        } else if (r.shared() && w->second.total_units != 0 && r.job_cap &&
-                   w->second.jobs >= *r.job_cap) {
-          obstacle.kind = Obstacle::Kind::kJobCap;
-        } else if (r.shared() && (w->second.total_units == 0 ||
-                                  w->second.units_left < r.units_on(w->second.total_units))) {
-          obstacle.kind = Obstacle::Kind::kFull;
-          obstacle.wanted_units = r.units_on(w->second.total_units);
-        } else {
-          usable.push_back(uuid);
-          continue;
-        }
-        placement.obstacles.push_back(std::move(obstacle));
-      }
-      std::optional<std::vector<std::size_t>> chosen;
-      if (r.named_gpus) {
-        if (placement.obstacles.empty() && !usable.empty()) {
-          chosen.emplace(usable.size());
-          std::iota(chosen->begin(), chosen->end(), 0);
-        }
-      } else if (usable.size() >= r.needed && r.needed > 0) {
-        if (r.shared()) {
-          // Pack (the least free memory first, so whole GPUs stay whole for exclusive
-          // requests) or spread; ties in candidate order. Then back in candidate order.
-          std::vector<std::size_t> by_room(usable.size());
-          std::iota(by_room.begin(), by_room.end(), 0);
-          std::stable_sort(by_room.begin(), by_room.end(), [&](std::size_t a, std::size_t b) {
-            const auto room_a = walk[usable[a]].units_left, room_b = walk[usable[b]].units_left;
-            return r.spread ? room_a > room_b : room_a < room_b;
-          });
-          by_room.resize(r.needed);
-          std::sort(by_room.begin(), by_room.end());
-          chosen = std::move(by_room);
-        } else if (requests.size() == 1) {
-          // Alone: no waiter's GPU is at stake, and a lone user expects index order.
-          chosen = choose_gpus(usable, r.needed, distance);
-        } else {
-          std::vector<std::int64_t> last_leased(usable.size());
-          for (std::size_t i = 0; i < usable.size(); ++i)
-            last_leased[i] = walk[usable[i]].last_leased_ns;
-          chosen = choose_leased_longest_ago(usable, last_leased, r.needed, distance);
-        }
-      }
-      if (chosen) {
-        placement.standing = QueueStanding::kNext;
-        placement.obstacles.clear();
-        for (std::size_t position : *chosen) placement.gpus.push_back(usable[position]);
-        if (r.shared()) {
-          for (const auto& uuid : placement.gpus) {
-            GpuWalk& w = walk[uuid];
-            w.units_left -= r.units_on(w.total_units);
-            ++w.jobs;
-            if (!w.shared_given_to) w.shared_given_to = index;
-          }
-        } else {
-          given_to_user[r.uid] += placement.gpus.size();
-          for (const auto& uuid : placement.gpus) claimed[uuid] = Claim{index, true};
-        }
-      } else {
-        placement.standing = QueueStanding::kWaiting;
-        if (servable_ever && !r.shared()) {
-          // Reserved: later requests may not use them.
-          placement.gpus = usable;
-          // Not enough free GPUs: hold back GPUs in shared use (fewest leases first) against
-          // new shared leases, so that they drain and this request gets them.
-          const std::size_t wanted = r.named_gpus ? r.candidates.size() : r.needed;
-          std::vector<std::string> drain;
-          for (const auto& uuid : r.candidates)
-            if (const auto w = walk.find(uuid);
-                w != walk.end() && w->second.shared_use && !claimed.count(uuid))
-              drain.push_back(uuid);
-          std::stable_sort(drain.begin(), drain.end(), [&](const auto& a, const auto& b) {
-            return walk[a].jobs < walk[b].jobs;
-          });
-          const std::size_t more = wanted > usable.size() ? wanted - usable.size() : 0;
-          if (drain.size() > more) drain.resize(more);
-          placement.held_back = std::move(drain);
-        } else if (servable_ever) {
-          // A shared request reserves the GPUs it waits on (the most free memory first), so
-          // that smaller requests behind it cannot take that memory as it frees up.
-          std::vector<std::string> waits_on;
-          for (const auto& uuid : r.candidates)
-            if (const auto w = walk.find(uuid);
-                w != walk.end() && (w->second.free || w->second.shared_use) && !claimed.count(uuid))
-              waits_on.push_back(uuid);
-          std::stable_sort(waits_on.begin(), waits_on.end(), [&](const auto& a, const auto& b) {
-            return walk[a].units_left > walk[b].units_left;
-          });
-          if (!r.named_gpus && waits_on.size() > r.needed) waits_on.resize(r.needed);
-          for (auto& uuid : waits_on)
-            (walk[uuid].free && !walk[uuid].shared_given_to ? placement.gpus : placement.held_back)
-                .push_back(std::move(uuid));
-        }
-        for (const auto& uuid : placement.gpus) claimed[uuid] = Claim{index, false};
-        for (const auto& uuid : placement.held_back) claimed[uuid] = Claim{index, false};
-      }
+      continue;
     }
+    if (over_gpu_limit) {
+      placement.standing = QueueStanding::kOverGpuLimit;
+      continue;
+    }
+    std::vector<std::string> usable = walk.usable_gpus(r, placement);
+    const std::optional<std::vector<std::size_t>> chosen =
+        walk.choose(r, usable, placement, requests.size() == 1, distance);
+    if (!chosen) {
+      placement.standing = QueueStanding::kWaiting;
+      walk.reserve(r, index, std::move(usable), placement);
+      continue;
+    }
+    placement.standing = QueueStanding::kNext;
+    placement.obstacles.clear();
+    for (std::size_t at : *chosen) placement.gpus.push_back(usable[at]);
+    walk.give(r, index, placement);
   }
-  if (claimable_after && prefix >= order.order.size()) *claimable_after = list_claimable_gpus();
+  if (claimable_after && prefix >= order.order.size()) *claimable_after = walk.claimable_gpus();
   return plan;
 }
 
