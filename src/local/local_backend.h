@@ -110,6 +110,7 @@ class LocalBackend final : public LeaseBackend {
   // that order, up to where no GPU is open any more, and for ours (see QueueSnapshot's
   // place_in_queue). So a plan's cost beyond one pass over the slots follows the requests
   // ahead of the last free GPU, not the length of the queue.
+  class HeadPlan;  // plan_head()'s walk (local_queue.cc)
   QueueSnapshot plan_head(const std::vector<Device>& devices,
                           const QueueDirectory::Listing& listing, const Ticket* newcomer,
                           const Ticket* own, bool with_records, std::vector<IndexEntry>* gone);

@@ -122,39 +122,18 @@ QueueSnapshot LocalBackend::plan(const std::vector<Device>& devices,
   return snapshot;
 }
 
-QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
-                                      const QueueDirectory::Listing& listing,
-                                      const Ticket* newcomer, const Ticket* own, bool with_records,
-                                      std::vector<IndexEntry>* gone) {
-  QueueSnapshot snapshot;
-  snapshot.warnings = listing.warnings;
-  const std::vector<IndexEntry>& queued = listing.index;
-  const std::size_t total = queued.size() + (newcomer ? 1 : 0);
+// The plan of an acquire from the queue's index (see plan_head() in local_backend.h): the order
+// of the whole queue, then walks of the head of that order, doubled while GPUs stay open behind
+// it, along a sequence that leaves out whoever surely could not claim any of them.
+class LocalBackend::HeadPlan {
+ public:
+  HeadPlan(LocalBackend& pool, const std::vector<Device>& devices,
+           const QueueDirectory::Listing& listing, const Ticket* newcomer, const Ticket* own,
+           bool with_records, std::vector<IndexEntry>* gone);
 
-  // GPUs are read for shared requests (free memory units, shared jobs) only when one takes part.
-  bool any_shared = (newcomer && newcomer->shared()) || (own && own->shared());
-  for (const IndexEntry& e : queued) any_shared |= e.shared_units > 0 || e.shared_slots > 0;
-  plan_gpus(devices, any_shared, with_records, snapshot);
-  const std::function<const Device*(const std::string&)> device_of = device_finder(devices);
+  QueueSnapshot make();
 
-  // Which request is ours: the newcomer (last), or our registered ticket.
-  std::size_t me = total;
-  if (newcomer) {
-    me = queued.size();
-  } else {
-    // By id and seq: the index is world-writable, and a planted slot with our id must not
-    // stand in for us.
-    for (std::size_t i = 0; i < queued.size() && me == total; ++i)
-      if (queued[i].id == own->id && queued[i].seq == own->seq) me = i;
-    // Not in the queue (root removed it): the snapshot does not have it, and the caller
-    // registers again.
-  }
-  Ticket newcomer_ticket;
-  if (newcomer) {
-    newcomer_ticket = *newcomer;
-    newcomer_ticket.seq = listing.highest_seq + 1;
-  }
-
+ private:
   // What orders the queue, for every request: per user, looked up when the user changes (a
   // queue of thousands is mostly one user's).
   struct UserFacts {
@@ -162,163 +141,254 @@ QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
     UserLimits limits;
     std::int64_t last_served = 0;
   };
-  std::map<uid_t, UserFacts> users;
-  const auto facts_of = [&](uid_t uid) -> const UserFacts& {
-    auto [it, added] = users.try_emplace(uid);
-    if (added) {
-      it->second.name = user_of(uid);
-      it->second.limits = config_.limits_for(it->second.name);
-      const auto served = listing.last_served.find(uid);
-      it->second.last_served = served == listing.last_served.end() ? 0 : served->second;
-    }
-    return it->second;
-  };
+  const UserFacts& facts_of(uid_t uid);
+  // Which request is ours: the newcomer (last), or our registered ticket.
+  void find_me();
+  // Orders the whole queue (order_, my_place_).
+  void order();
+  // The position in the order of the sequence's s-th request.
+  std::size_t position_at(std::size_t s) const { return sieved_ ? sequence_[s] : s; }
+  // Plans the first `head` requests of the sequence, and ours if it is further back (their
+  // positions in `places`). Returns the GPUs still claimable behind them.
+  std::vector<ClaimableGpu> walk(std::size_t head, std::vector<std::size_t>& places);
+  // The details of the head's k-th request (`members`: the head's requests), read when the plan
+  // reaches it. False for a waiter found gone, which is reported.
+  bool load(std::size_t k, PlanRequest& r, const std::vector<std::size_t>& members);
+  // The sequence behind the first `head` requests: whoever could claim one of `claimable`.
+  void sieve(const std::vector<ClaimableGpu>& claimable, std::size_t head);
+  // Held-back requests with room now that no walk reached (the positions in `walked`).
+  void list_may_enter_beyond_head(const std::vector<std::size_t>& walked);
+
+  LocalBackend& pool_;
+  const QueueDirectory::Listing& listing_;
+  const std::vector<IndexEntry>& queued_;
+  const Ticket* newcomer_;
+  const Ticket* own_;
+  std::vector<IndexEntry>* gone_;
+  const std::size_t gone_before_;
+  const std::size_t total_;
+  QueueSnapshot snapshot_;
+  std::function<const Device*(const std::string&)> device_of_;
+  std::map<uid_t, UserFacts> users_;
+  std::size_t me_;
+  Ticket newcomer_ticket_;
+  QueueOrder order_;
+  std::size_t my_place_;
+  // Tickets read in an earlier, shorter head (nullopt: found gone), so that each is read once
+  // per plan however often the head doubles.
+  std::map<std::size_t, std::optional<Ticket>> read_before_;
+  // Positions in the order that the walk may need, in order: the whole order until GPUs are
+  // found open behind the first head, then that head and the sieved rest (ours included).
+  std::vector<std::size_t> sequence_;
+  bool sieved_ = false;
+};
+
+QueueSnapshot LocalBackend::plan_head(const std::vector<Device>& devices,
+                                      const QueueDirectory::Listing& listing,
+                                      const Ticket* newcomer, const Ticket* own, bool with_records,
+                                      std::vector<IndexEntry>* gone) {
+  return HeadPlan(*this, devices, listing, newcomer, own, with_records, gone).make();
+}
+
+LocalBackend::HeadPlan::HeadPlan(LocalBackend& pool, const std::vector<Device>& devices,
+                                 const QueueDirectory::Listing& listing, const Ticket* newcomer,
+                                 const Ticket* own, bool with_records,
+                                 std::vector<IndexEntry>* gone)
+    : pool_(pool),
+      listing_(listing),
+      queued_(listing.index),
+      newcomer_(newcomer),
+      own_(own),
+      gone_(gone),
+      gone_before_(gone ? gone->size() : 0),
+      total_(listing.index.size() + (newcomer ? 1 : 0)),
+      device_of_(device_finder(devices)),
+      me_(total_),
+      my_place_(total_) {
+  snapshot_.warnings = listing.warnings;
+  // GPUs are read for shared requests (free memory units, shared jobs) only when one takes part.
+  bool any_shared = (newcomer && newcomer->shared()) || (own && own->shared());
+  for (const IndexEntry& e : queued_) any_shared |= e.shared_units > 0 || e.shared_slots > 0;
+  pool_.plan_gpus(devices, any_shared, with_records, snapshot_);
+}
+
+const LocalBackend::HeadPlan::UserFacts& LocalBackend::HeadPlan::facts_of(uid_t uid) {
+  auto [it, added] = users_.try_emplace(uid);
+  if (added) {
+    it->second.name = pool_.user_of(uid);
+    it->second.limits = pool_.config_.limits_for(it->second.name);
+    const auto served = listing_.last_served.find(uid);
+    it->second.last_served = served == listing_.last_served.end() ? 0 : served->second;
+  }
+  return it->second;
+}
+
+void LocalBackend::HeadPlan::find_me() {
+  if (newcomer_) {
+    me_ = queued_.size();
+    newcomer_ticket_ = *newcomer_;
+    newcomer_ticket_.seq = listing_.highest_seq + 1;
+    return;
+  }
+  // By id and seq: the index is world-writable, and a planted slot with our id must not stand
+  // in for us.
+  for (std::size_t i = 0; i < queued_.size() && me_ == total_; ++i)
+    if (queued_[i].id == own_->id && queued_[i].seq == own_->seq) me_ = i;
+  // Not in the queue (root removed it): the snapshot does not have it, and the caller
+  // registers again.
+}
+
+void LocalBackend::HeadPlan::order() {
   std::vector<OrderInput> inputs;
-  inputs.reserve(total);
+  inputs.reserve(total_);
   const UserFacts* facts = nullptr;
-  for (std::size_t i = 0; i < queued.size(); ++i) {
-    const IndexEntry& e = queued[i];
-    if (i == 0 || e.uid != queued[i - 1].uid) facts = &facts_of(e.uid);
+  for (std::size_t i = 0; i < queued_.size(); ++i) {
+    const IndexEntry& e = queued_[i];
+    if (i == 0 || e.uid != queued_[i - 1].uid) facts = &facts_of(e.uid);
     fill_order_input(inputs.emplace_back(), e, facts->limits.max_waiting, facts->last_served);
   }
-  if (newcomer) inputs.emplace_back();
+  if (newcomer_) inputs.emplace_back();
   // Ours is ordered by our own ticket, not by what the index says of it. A request that has
   // not registered does not wait yet: the waiting limit is not its concern until it must
   // (acquire() decides then).
-  if (me < total) {
-    const Ticket& t = newcomer ? newcomer_ticket : *own;
+  if (me_ < total_) {
+    const Ticket& t = newcomer_ ? newcomer_ticket_ : *own_;
     const UserFacts& mine = facts_of(t.uid);
-    inputs[me] =
-        order_input(t, newcomer ? std::nullopt : mine.limits.max_waiting, mine.last_served);
+    inputs[me_] =
+        order_input(t, newcomer_ ? std::nullopt : mine.limits.max_waiting, mine.last_served);
   }
-  const QueueOrder order = order_queue(config_.policy, snapshot.gpus, inputs);
-  std::size_t my_place = total;
-  for (std::size_t k = 0; k < total && my_place == total; ++k)
-    if (order.order[k] == me) my_place = k;
+  order_ = order_queue(pool_.config_.policy, snapshot_.gpus, inputs);
+  for (std::size_t k = 0; k < total_ && my_place_ == total_; ++k)
+    if (order_.order[k] == me_) my_place_ = k;
+}
 
+bool LocalBackend::HeadPlan::load(std::size_t k, PlanRequest& r,
+                                  const std::vector<std::size_t>& members) {
+  const IndexEntry& entry = queued_[members[k]];
+  auto known = read_before_.find(members[k]);
+  if (known == read_before_.end()) {
+    QueueDirectory* queue = pool_.queue_dir(false);
+    known =
+        read_before_.emplace(members[k], queue ? queue->read_ticket(entry) : std::nullopt).first;
+  }
+  std::optional<Ticket> full = known->second;
+  if (!full) {
+    if (gone_) gone_->push_back(entry);
+    return false;
+  }
+  Ticket& t = snapshot_.tickets[k];
+  const std::string user = t.user;
+  t = std::move(*full);
+  t.user = user;
+  r.candidates = t.candidates;
+  r.spread = t.spread;
+  judge_health(t, device_of_, snapshot_.unhealthy_reasons[k], r);
+  return true;
+}
+
+std::vector<ClaimableGpu> LocalBackend::HeadPlan::walk(std::size_t head,
+                                                       std::vector<std::size_t>& places) {
+  if (gone_) gone_->resize(gone_before_);
+  // The head's requests in order, then ours if it is further back.
+  std::vector<std::size_t> members;
+  members.reserve(head + 1);
+  places.reserve(head + 1);
+  for (std::size_t s = 0; s < head; ++s) {
+    places.push_back(position_at(s));
+    members.push_back(order_.order[places.back()]);
+  }
+  if (my_place_ < total_ && (head == 0 || my_place_ > position_at(head - 1))) {
+    places.push_back(my_place_);
+    members.push_back(me_);
+  }
+  snapshot_.tickets.clear();
+  snapshot_.unhealthy_reasons.assign(members.size(), {});
+  snapshot_.place_in_queue = places;
+  std::vector<PlanRequest> requests;
+  requests.reserve(members.size());
+  QueueOrder head_order;
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    const std::size_t i = members[k];
+    const bool is_newcomer = newcomer_ && i == queued_.size();
+    const bool is_own = !is_newcomer && i == me_;
+    Ticket t = is_newcomer ? newcomer_ticket_ : is_own ? *own_ : ticket_of(queued_[i]);
+    const UserFacts& user = facts_of(t.uid);
+    t.user = user.name;
+    PlanRequest r = pool_.plan_request(t, user.limits, user.last_served);
+    r.details_pending = !is_newcomer && !is_own;
+    if (is_newcomer) r.limits.max_waiting.reset();
+    if (!r.details_pending) judge_health(t, device_of_, snapshot_.unhealthy_reasons[k], r);
+    snapshot_.tickets.push_back(std::move(t));
+    requests.push_back(std::move(r));
+    head_order.order.push_back(k);
+    head_order.held_back.push_back(order_.held_back[i]);
+    head_order.may_enter.push_back(order_.may_enter[i]);
+  }
+  std::vector<ClaimableGpu> claimable_behind;
+  snapshot_.plan = plan_queue_in_order(
+      snapshot_.gpus, requests, head_order,
+      [this](const std::string& a, const std::string& b) { return pool_.source_->distance(a, b); },
+      [&](std::size_t k, PlanRequest& r) { return load(k, r, members); }, head, &claimable_behind);
+  return claimable_behind;
+}
+
+void LocalBackend::HeadPlan::sieve(const std::vector<ClaimableGpu>& claimable, std::size_t head) {
+  // GPUs only close as the walk goes on: whoever cannot claim one now never can.
+  const ClaimSieve sieve(claimable, device_of_);
+  sequence_.reserve(total_);
+  for (std::size_t s = 0; s < head; ++s) sequence_.push_back(s);
+  for (std::size_t k = head; k < total_; ++k) {
+    const std::size_t i = order_.order[k];
+    if (i == me_ || (!order_.held_back[i] &&
+                     sieve.may_claim(queued_[i].hint(),
+                                     queued_[i].shared_units > 0 || queued_[i].shared_slots > 0,
+                                     &snapshot_.unhealthy_beyond_head)))
+      sequence_.push_back(k);
+  }
+  sieved_ = true;
+}
+
+void LocalBackend::HeadPlan::list_may_enter_beyond_head(const std::vector<std::size_t>& walked) {
+  // Held-back requests come last in the order: those with room now are usually not walked.
+  for (std::size_t k = total_; k-- > 0 && order_.held_back[order_.order[k]];) {
+    const std::size_t i = order_.order[k];
+    if (order_.may_enter[i] && i != me_ && i < queued_.size() &&
+        !std::binary_search(walked.begin(), walked.end(), k))
+      snapshot_.may_enter_beyond_head.push_back(queued_[i].id);
+  }
+  std::reverse(snapshot_.may_enter_beyond_head.begin(), snapshot_.may_enter_beyond_head.end());
+}
+
+QueueSnapshot LocalBackend::HeadPlan::make() {
+  find_me();
+  order();
   // Plan the head of that order: a request further back can only wait once no GPU is open
   // behind the head (the plan reads its details, and makes its ticket, only in the head). While
   // GPUs stay open behind it, the head doubles, along a sequence of the order that leaves out
   // whoever surely could not claim any GPU still claimable (their slots' hints against those
   // GPUs): a long queue of requests that cannot use a free GPU costs no more than a short one.
-  const std::size_t gone_before = gone ? gone->size() : 0;
-  const auto distance = [this](const std::string& a, const std::string& b) {
-    return source_->distance(a, b);
-  };
-  // Tickets read in an earlier, shorter head (nullopt: found gone), so that each is read once
-  // per plan however often the head doubles.
-  std::map<std::size_t, std::optional<Ticket>> read_before;
-  // Positions in the order that the walk may need, in order: the whole order until GPUs are
-  // found open behind the first head, then that head and the sieved rest (ours included).
-  // The last walk's positions are kept in `walked`, ascending.
-  std::vector<std::size_t> sequence;
-  bool sieved = false;
-  const auto position_at = [&](std::size_t s) { return sieved ? sequence[s] : s; };
-  std::size_t length = total;
-  std::size_t head = std::min(total, kFirstHead);
-  std::vector<std::size_t> walked;
+  std::size_t length = total_;
+  std::size_t head = std::min(total_, kFirstHead);
+  std::vector<std::size_t> walked;  // the last walk's positions, ascending
   for (;; head = std::min(length, head * 2)) {
-    if (gone) gone->resize(gone_before);
-    // The head's requests in order, then ours if it is further back.
-    std::vector<std::size_t> members;
     std::vector<std::size_t> places;
-    members.reserve(head + 1);
-    places.reserve(head + 1);
-    for (std::size_t s = 0; s < head; ++s) {
-      places.push_back(position_at(s));
-      members.push_back(order.order[places.back()]);
-    }
-    if (my_place < total && (head == 0 || my_place > position_at(head - 1))) {
-      places.push_back(my_place);
-      members.push_back(me);
-    }
-    snapshot.tickets.clear();
-    snapshot.unhealthy_reasons.assign(members.size(), {});
-    snapshot.place_in_queue = places;
-    std::vector<PlanRequest> requests;
-    requests.reserve(members.size());
-    QueueOrder head_order;
-    for (std::size_t k = 0; k < members.size(); ++k) {
-      const std::size_t i = members[k];
-      const bool is_newcomer = newcomer && i == queued.size();
-      const bool is_own = !is_newcomer && i == me;
-      Ticket t = is_newcomer ? newcomer_ticket : is_own ? *own : ticket_of(queued[i]);
-      const UserFacts& user = facts_of(t.uid);
-      t.user = user.name;
-      PlanRequest r = plan_request(t, user.limits, user.last_served);
-      r.details_pending = !is_newcomer && !is_own;
-      if (is_newcomer) r.limits.max_waiting.reset();
-      if (!r.details_pending) {
-        judge_health(t, device_of, snapshot.unhealthy_reasons[k], r);
-      }
-      snapshot.tickets.push_back(std::move(t));
-      requests.push_back(std::move(r));
-      head_order.order.push_back(k);
-      head_order.held_back.push_back(order.held_back[i]);
-      head_order.may_enter.push_back(order.may_enter[i]);
-    }
-    // A ticket's details, read when the plan reaches it; a waiter found gone is reported.
-    const auto load = [&](std::size_t k, PlanRequest& r) {
-      const IndexEntry& entry = queued[members[k]];
-      auto known = read_before.find(members[k]);
-      if (known == read_before.end()) {
-        QueueDirectory* queue = queue_dir(false);
-        known =
-            read_before.emplace(members[k], queue ? queue->read_ticket(entry) : std::nullopt).first;
-      }
-      std::optional<Ticket> full = known->second;
-      if (!full) {
-        if (gone) gone->push_back(entry);
-        return false;
-      }
-      Ticket& t = snapshot.tickets[k];
-      const std::string user = t.user;
-      t = std::move(*full);
-      t.user = user;
-      r.candidates = t.candidates;
-      r.spread = t.spread;
-      judge_health(t, device_of, snapshot.unhealthy_reasons[k], r);
-      return true;
-    };
-    std::vector<ClaimableGpu> claimable_behind;
-    snapshot.plan = plan_queue_in_order(snapshot.gpus, requests, head_order, distance, load, head,
-                                        &claimable_behind);
+    const std::vector<ClaimableGpu> claimable_behind = walk(head, places);
     if (claimable_behind.empty() || head == length) {
       walked = std::move(places);
       break;
     }
-    if (!sieved) {
-      // GPUs only close as the walk goes on: whoever cannot claim one now never can.
-      const ClaimSieve sieve(claimable_behind, device_of);
-      sequence.reserve(total);
-      for (std::size_t s = 0; s < head; ++s) sequence.push_back(s);
-      for (std::size_t k = head; k < total; ++k) {
-        const std::size_t i = order.order[k];
-        if (i == me || (!order.held_back[i] &&
-                        sieve.may_claim(queued[i].hint(),
-                                        queued[i].shared_units > 0 || queued[i].shared_slots > 0,
-                                        &snapshot.unhealthy_beyond_head)))
-          sequence.push_back(k);
-      }
-      sieved = true;
-      length = sequence.size();
-      // Nobody behind the head but ours (walked already): the plan is made.
-      if (length == head || (length == head + 1 && sequence.back() == my_place)) {
-        walked = std::move(places);
-        break;
-      }
+    if (sieved_) continue;
+    sieve(claimable_behind, head);
+    length = sequence_.size();
+    // Nobody behind the head but ours (walked already): the plan is made.
+    if (length == head || (length == head + 1 && sequence_.back() == my_place_)) {
+      walked = std::move(places);
+      break;
     }
   }
-  snapshot.queue_length = total;
-  // Held-back requests come last in the order: those with room now are usually not walked.
-  for (std::size_t k = total; k-- > 0 && order.held_back[order.order[k]];) {
-    const std::size_t i = order.order[k];
-    if (order.may_enter[i] && i != me && i < queued.size() &&
-        !std::binary_search(walked.begin(), walked.end(), k))
-      snapshot.may_enter_beyond_head.push_back(queued[i].id);
-  }
-  std::reverse(snapshot.may_enter_beyond_head.begin(), snapshot.may_enter_beyond_head.end());
-  return snapshot;
+  snapshot_.queue_length = total_;
+  list_may_enter_beyond_head(walked);
+  return std::move(snapshot_);
 }
 
 QueueStatus LocalBackend::queue_status(const std::vector<Device>* devices) {
