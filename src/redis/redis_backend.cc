@@ -168,21 +168,92 @@ std::string RedisBackend::Gpu::unusable_reason() const {
   return "";
 }
 
-RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
-                                              const std::vector<std::string>& scope,
-                                              const std::string& user,
-                                              const std::vector<Device>& local_devices) {
-  std::string hosts_arg;
-  for (const auto& host : scope) hosts_arg += host + "\n";
-  const RedisValue reply =
-      connection.run(redis_scripts::kSnapshot, {settings_.version_key()},
-                     {hosts_arg, user, std::to_string(settings_.lease_ttl.count())});
-  namespace part = snapshot_reply;
-  Snapshot out;
-  out.version = element(reply, part::kVersion).text;
-  out.now_ms = integer_of(element(reply, part::kNowMs));
+namespace {
 
-  const RedisValue& hosts = element(reply, part::kHosts);
+// A shared GPU's live reservations, one line each: "LEASE_ID UNITS PTTL"; unreadable ones are
+// skipped.
+std::vector<RedisBackend::Share> read_shares(const std::string& text) {
+  std::vector<RedisBackend::Share> shares;
+  for (const std::string& line : split(text, '\n')) {
+    const std::vector<std::string> fields = split(line, ' ');
+    if (fields.size() != 3 || !is_lease_id(fields[0])) continue;
+    const auto units = whole_number<std::uint64_t>(fields[1]);
+    const auto ttl = whole_number<long long>(fields[2]);
+    if (!units || !ttl) continue;
+    shares.push_back(RedisBackend::Share{fields[0], *units, *ttl});
+  }
+  return shares;
+}
+
+// This host's GPUs first, each host's in index order. The order is sorted, not the GPUs (~400
+// bytes each): each is then moved once, not at every step of a merge.
+void sort_gpus(std::vector<RedisBackend::Gpu>& gpus) {
+  using Gpu = RedisBackend::Gpu;
+  const auto before = [](const Gpu& a, const Gpu& b) {
+    if (a.local != b.local) return a.local;
+    if (a.host != b.host) return a.host < b.host;
+    if (a.device.index != b.device.index) return a.device.index < b.device.index;
+    return a.device.mig_index.value_or(0) < b.device.mig_index.value_or(0);
+  };
+  if (std::is_sorted(gpus.begin(), gpus.end(), before)) return;
+  std::vector<std::size_t> order(gpus.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return before(gpus[a], gpus[b]); });
+  // In place, cycle by cycle: position k takes the GPU that was at order[k].
+  std::vector<bool> placed(order.size(), false);
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    if (placed[k] || order[k] == k) continue;
+    Gpu first = std::move(gpus[k]);
+    for (std::size_t to = k;;) {
+      const std::size_t from = order[to];
+      placed[to] = true;
+      if (from == k) {
+        gpus[to] = std::move(first);
+        break;
+      }
+      gpus[to] = std::move(gpus[from]);
+      to = from;
+    }
+  }
+}
+
+void read_leases(const RedisValue& leases, RedisBackend::Snapshot& out) {
+  namespace lease = snapshot_reply::lease;
+  for (std::size_t i = 0; i + lease::kWidth <= leases.elements.size(); i += lease::kWidth) {
+    const RedisValue* l = &leases.elements[i];
+    RedisBackend::LeaseEntry entry;
+    const std::string& id = l[lease::kId].text;
+    entry.record = parse_holder_record(l[lease::kRecord].text);
+    if (entry.record && entry.record->lease_id != id) entry.record.reset();
+    entry.token = whole_number<std::uint64_t>(l[lease::kToken].text).value_or(0);
+    entry.ttl_ms = integer_of(l[lease::kTtlMs]);
+    entry.user = l[lease::kUser].text;
+    out.leases.emplace(id, std::move(entry));
+  }
+}
+
+void read_held_elsewhere(const RedisValue& elsewhere, RedisBackend::Snapshot& out) {
+  namespace other = snapshot_reply::elsewhere;
+  for (std::size_t i = 0; i + other::kWidth <= elsewhere.elements.size(); i += other::kWidth) {
+    const RedisValue* e = &elsewhere.elements[i];
+    const std::string& name = e[other::kUser].text;
+    if (const long long whole = integer_of(e[other::kWholeGpus]); whole > 0)
+      out.held_elsewhere[name] = static_cast<unsigned>(std::min<long long>(whole, 1 << 20));
+    for (const std::string& line : split(e[other::kShared].text, '\n')) {
+      const std::vector<std::string> fields = split(line, ' ');
+      if (fields.size() != 2) continue;
+      const auto units = whole_number<std::uint64_t>(fields[0]);
+      const auto total = whole_number<std::uint64_t>(fields[1]);
+      if (units && total) out.shared_elsewhere[name] += shared_part(*units, *total);
+    }
+  }
+}
+
+}  // namespace
+
+void RedisBackend::read_snapshot_gpus(const RedisValue& hosts, const RedisValue& gpus,
+                                      const std::vector<Device>& local_devices, Snapshot& out) {
   // Hosts whose GPUs' registrations came packed (redis/packed_registrations.h); a package that
   // is unreadable makes each of its GPUs' registrations unreadable.
   std::unordered_map<std::string_view,
@@ -199,7 +270,6 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
   }
 
   namespace field = snapshot_reply::gpu;
-  const RedisValue& gpus = element(reply, part::kGpus);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     parsed_devices_wanted_ = std::max(parsed_devices_wanted_, gpus.elements.size() / field::kWidth);
@@ -216,17 +286,7 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
         gpu.lock != redis_scripts::kDamagedShares && gpu.lock != redis_scripts::kSharedMark &&
         !is_lease_id(gpu.lock))
       gpu.lock = redis_scripts::kGarbageLock;
-    if (gpu.shared()) {
-      // One line per live reservation: "LEASE_ID UNITS PTTL"; unreadable ones are skipped.
-      for (const std::string& line : split(g[field::kShares].text, '\n')) {
-        const std::vector<std::string> fields = split(line, ' ');
-        if (fields.size() != 3 || !is_lease_id(fields[0])) continue;
-        const auto units = whole_number<std::uint64_t>(fields[1]);
-        const auto ttl = whole_number<long long>(fields[2]);
-        if (!units || !ttl) continue;
-        gpu.shares.push_back(Share{fields[0], *units, *ttl});
-      }
-    }
+    if (gpu.shared()) gpu.shares = read_shares(g[field::kShares].text);
     std::string_view static_json = g[field::kInfo].text;
     std::string_view readings_json = g[field::kReadings].text;
     if (const auto packed = packed_of.find(gpu.host); packed != packed_of.end()) {
@@ -260,54 +320,11 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
     }
     out.gpus.push_back(std::move(gpu));
   }
-  // This host's GPUs first, each host's in index order. The order is sorted, not the GPUs
-  // (~400 bytes each): each is then moved once, not at every step of a merge.
-  const auto before = [](const Gpu& a, const Gpu& b) {
-    if (a.local != b.local) return a.local;
-    if (a.host != b.host) return a.host < b.host;
-    if (a.device.index != b.device.index) return a.device.index < b.device.index;
-    return a.device.mig_index.value_or(0) < b.device.mig_index.value_or(0);
-  };
-  if (!std::is_sorted(out.gpus.begin(), out.gpus.end(), before)) {
-    std::vector<std::size_t> order(out.gpus.size());
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return before(out.gpus[a], out.gpus[b]);
-    });
-    // In place, cycle by cycle: position k takes the GPU that was at order[k].
-    std::vector<bool> placed(order.size(), false);
-    for (std::size_t k = 0; k < order.size(); ++k) {
-      if (placed[k] || order[k] == k) continue;
-      Gpu first = std::move(out.gpus[k]);
-      for (std::size_t to = k;;) {
-        const std::size_t from = order[to];
-        placed[to] = true;
-        if (from == k) {
-          out.gpus[to] = std::move(first);
-          break;
-        }
-        out.gpus[to] = std::move(out.gpus[from]);
-        to = from;
-      }
-    }
-  }
+  sort_gpus(out.gpus);
+}
 
-  namespace lease = snapshot_reply::lease;
-  const RedisValue& leases = element(reply, part::kLeases);
-  for (std::size_t i = 0; i + lease::kWidth <= leases.elements.size(); i += lease::kWidth) {
-    const RedisValue* l = &leases.elements[i];
-    LeaseEntry entry;
-    const std::string& id = l[lease::kId].text;
-    entry.record = parse_holder_record(l[lease::kRecord].text);
-    if (entry.record && entry.record->lease_id != id) entry.record.reset();
-    entry.token = whole_number<std::uint64_t>(l[lease::kToken].text).value_or(0);
-    entry.ttl_ms = integer_of(l[lease::kTtlMs]);
-    entry.user = l[lease::kUser].text;
-    out.leases.emplace(id, std::move(entry));
-  }
-
+void RedisBackend::read_snapshot_tickets(const RedisValue& tickets, Snapshot& out) {
   namespace queued = snapshot_reply::ticket;
-  const RedisValue& tickets = element(reply, part::kTickets);
   for (std::size_t i = 0; i + queued::kWidth <= tickets.elements.size(); i += queued::kWidth) {
     const RedisValue* t = &tickets.elements[i];
     const std::string& id = t[queued::kId].text;
@@ -326,22 +343,25 @@ RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
       out.user_last_served[ticket->user] = *served;
     out.tickets.push_back(std::move(*ticket));
   }
+}
 
-  namespace other = snapshot_reply::elsewhere;
-  const RedisValue& elsewhere = element(reply, part::kElsewhere);
-  for (std::size_t i = 0; i + other::kWidth <= elsewhere.elements.size(); i += other::kWidth) {
-    const RedisValue* e = &elsewhere.elements[i];
-    const std::string& name = e[other::kUser].text;
-    if (const long long whole = integer_of(e[other::kWholeGpus]); whole > 0)
-      out.held_elsewhere[name] = static_cast<unsigned>(std::min<long long>(whole, 1 << 20));
-    for (const std::string& line : split(e[other::kShared].text, '\n')) {
-      const std::vector<std::string> fields = split(line, ' ');
-      if (fields.size() != 2) continue;
-      const auto units = whole_number<std::uint64_t>(fields[0]);
-      const auto total = whole_number<std::uint64_t>(fields[1]);
-      if (units && total) out.shared_elsewhere[name] += shared_part(*units, *total);
-    }
-  }
+RedisBackend::Snapshot RedisBackend::snapshot(RedisConnection& connection,
+                                              const std::vector<std::string>& scope,
+                                              const std::string& user,
+                                              const std::vector<Device>& local_devices) {
+  std::string hosts_arg;
+  for (const auto& host : scope) hosts_arg += host + "\n";
+  const RedisValue reply =
+      connection.run(redis_scripts::kSnapshot, {settings_.version_key()},
+                     {hosts_arg, user, std::to_string(settings_.lease_ttl.count())});
+  namespace part = snapshot_reply;
+  Snapshot out;
+  out.version = element(reply, part::kVersion).text;
+  out.now_ms = integer_of(element(reply, part::kNowMs));
+  read_snapshot_gpus(element(reply, part::kHosts), element(reply, part::kGpus), local_devices, out);
+  read_leases(element(reply, part::kLeases), out);
+  read_snapshot_tickets(element(reply, part::kTickets), out);
+  read_held_elsewhere(element(reply, part::kElsewhere), out);
   out.whole_pool = integer_of(element(reply, part::kWholePool)) != 0;
   out.server_us = parse_server_us(element(reply, part::kServerUs).text);
   out.frees = element(reply, part::kFrees).text;

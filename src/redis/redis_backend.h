@@ -139,6 +139,10 @@ class RedisBackend final : public LeaseBackend {
   // the pool.
   Snapshot snapshot(RedisConnection& connection, const std::vector<std::string>& scope,
                     const std::string& user, const std::vector<Device>& local_devices);
+  // The snapshot reply's hosts and GPUs (this host's with their live readings), and its queue.
+  void read_snapshot_gpus(const RedisValue& hosts, const RedisValue& gpus,
+                          const std::vector<Device>& local_devices, Snapshot& out);
+  void read_snapshot_tickets(const RedisValue& tickets, Snapshot& out);
   // A snapshot in which this host is registered: registers it again first if the server lost
   // it (a restart), updating `local_devices`. This host is always in its scope.
   Snapshot registered_snapshot(RedisConnection& connection, std::vector<std::string> scope,
