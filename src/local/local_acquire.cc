@@ -77,7 +77,7 @@ std::optional<Lease> LocalBackend::try_lock(const std::vector<const Device*>& ch
 class LocalBackend::Round final : public AcquireRound {
  public:
   Round(LocalBackend& pool, const LeaseRequest& request, const WaitHooks& hooks,
-        const AcquireWait& wait, uid_t uid);
+        const AcquireWait& wait, uid_t uid, const std::string& user);
   // A waiter that leaves the queue alive wakes the one after it, which watched its process and
   // must now watch the one before it (whoever leaves dead, the pidfd tells). Then the ticket
   // leaves the queue.
@@ -184,8 +184,9 @@ class LocalBackend::Round final : public AcquireRound {
 Lease LocalBackend::acquire(const LeaseRequest& request, const WaitHooks& hooks) {
   if (request.memory_bytes || request.slots) check_shared_request(request);
   const uid_t uid = ::geteuid();
-  const AcquireWait wait = start_acquire(request, user_of(uid), config_);
-  Round round(*this, request, hooks, wait, uid);
+  const std::string& user = user_of(uid);
+  const AcquireWait wait = start_acquire(request, user, config_);
+  Round round(*this, request, hooks, wait, uid, user);
   return run_acquire_loop(round, request, hooks, wait);
 }
 
@@ -202,14 +203,14 @@ bool any_limit(const Config& config, std::optional<unsigned> UserLimits::*limit)
 }  // namespace
 
 LocalBackend::Round::Round(LocalBackend& pool, const LeaseRequest& request, const WaitHooks& hooks,
-                           const AcquireWait& wait, uid_t uid)
+                           const AcquireWait& wait, uid_t uid, const std::string& user)
     : pool_(pool),
       request_(request),
       hooks_(hooks),
       wait_(wait),
       shared_(request.memory_bytes || request.slots),
       uid_(uid),
-      user_(pool.user_of(uid)),
+      user_(user),
       any_gpu_limit_(any_limit(pool.config_, &UserLimits::max_gpus)),
       waiting_limits_(any_limit(pool.config_, &UserLimits::max_waiting)),
       role_(wait.start) {}
